@@ -1,0 +1,89 @@
+"""The key/value cache: what lets decoding feed one token per step.
+
+Every layer's keys and values for all positions seen so far are kept in one preallocated
+buffer, so a decode step only computes K/V for the new token and attends over the rest.
+Nothing is reallocated or concatenated per step: new K/V are written into the next slots.
+
+Rows of a batch may hold prompts of different lengths. They are left-padded: row b's real
+tokens start at slot `pad[b]`; slots before that are never attended to, and row b's token in
+slot s has position s - pad[b]. So each row sees exactly what it would see if it were alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class KVCache:
+    """Per-layer K/V buffers of shape (L, B, H_kv, T_max, D), filled up to `length` slots."""
+
+    def __init__(
+        self,
+        n_layer: int,
+        batch_size: int,
+        n_kv_head: int,
+        max_len: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0  # slots filled, the same for every row (rows differ only in padding)
+        self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
+        self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.shape[1]
+
+    def set_padding(self, pad: torch.Tensor) -> None:
+        """Declare per-row left padding, (B,) ints. Call on an empty cache, before the prefill."""
+        if self.length:
+            raise RuntimeError("padding can only be set on an empty cache")
+        self.pad = pad.to(device=self.pad.device, dtype=torch.long)
+        self.has_padding = bool((self.pad > 0).any())
+
+    def positions(self, t_new: int) -> torch.Tensor:
+        """Positions of the next `t_new` tokens: (T,) without padding, else (B, T)."""
+        slots = torch.arange(self.length, self.length + t_new, device=self.pad.device)  # (T,)
+        if not self.has_padding:
+            return slots
+        return slots.unsqueeze(0) - self.pad.unsqueeze(1)  # (B, T)
+
+    def attention_mask(self, t_new: int) -> torch.Tensor | None:
+        """Boolean mask (B, 1, T, length + T), True where a query may attend; None when none is needed.
+
+        A single decoded token with no padding attends to every filled slot, so it needs no mask.
+        """
+        if not self.has_padding and t_new == 1:
+            return None
+        device = self.pad.device
+        q_slot = torch.arange(self.length, self.length + t_new, device=device)  # (T,)
+        k_slot = torch.arange(self.length + t_new, device=device)  # (S,)
+        causal = k_slot.unsqueeze(0) <= q_slot.unsqueeze(1)  # (T, S)
+        valid = k_slot.unsqueeze(0) >= self.pad.unsqueeze(1)  # (B, S)
+        return (causal.unsqueeze(0) & valid.unsqueeze(1)).unsqueeze(1)  # (B, 1, T, S)
+
+    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (B, H_kv, T, D) keys/values into the next slots; return all filled K/V (B, H_kv, S, D)."""
+        t_new = k_new.shape[2]
+        end = self.length + t_new
+        if end > self.max_len:
+            raise RuntimeError(f"KV cache overflow: {end} slots needed, {self.max_len} allocated")
+        self.k[layer, :, :, self.length : end] = k_new
+        self.v[layer, :, :, self.length : end] = v_new
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def advance(self, t_new: int) -> None:
+        """Mark `t_new` more slots filled. The model calls this once per forward, after the last layer."""
+        self.length += t_new
+
+    def reset(self) -> None:
+        """Empty the cache (for a re-prefill) without reallocating it."""
+        self.length = 0
+        self.pad.zero_()
+        self.has_padding = False
