@@ -1,0 +1,96 @@
+"""Configuration of corpora and tokenizers (YAML: `configs/data/*.yaml`, `configs/tokenizer/*.yaml`).
+
+Every field is a YAML key: `data.val_ratio` in YAML is `DataConfig.val_ratio` here. Values are
+checked in `__post_init__`, which runs when a script converts the composed config, so a bad value
+fails before any file is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minigpt.errors import UserError
+
+SOURCES = ("pystdlib", "shakespeare", "text")
+TOKENIZER_KINDS = ("bpe", "gpt2", "cl100k", "char", "byte")
+
+# Folders of the standard library that are not representative Python source: the test suites
+# (half the library by size, full of generated fixtures), the IDLE GUI, third-party packages
+# installed beside the library, and the turtle demos. `encodings` is mostly machine-generated
+# codec tables (cp*.py, mac_*.py), which would teach the model hex tables rather than Python.
+DEFAULT_EXCLUDE = ["test", "tests", "idlelib", "site-packages", "turtledemo", "encodings", "__pycache__"]
+
+
+@dataclass
+class DataConfig:
+    """Which text to train on, how to split it, and where prepared token files are cached."""
+
+    source: str = "pystdlib"  # pystdlib | shakespeare | text
+    # Fraction held out for validation. Multi-file corpora are split by file (a stable hash of each
+    # file's relative path), a single document by its tail (cut at a line break).
+    val_ratio: float = 0.05
+    # Prepared datasets live in <cache_dir>/<source>-<tokenizer>-<fingerprint[:12]>/; relative paths
+    # are relative to where you launched the command (hydra.job.chdir is false).
+    cache_dir: str = "outputs/data"
+    # pystdlib: skip files larger than this (the few huge ones are generated data, e.g. pydoc topics).
+    max_file_bytes: int = 200_000
+    # pystdlib: folder names skipped anywhere in the tree.
+    exclude: list[str] = field(default_factory=lambda: list(DEFAULT_EXCLUDE))
+    # text: files, folders (searched recursively) or glob patterns (`**` allowed).
+    paths: list[str] = field(default_factory=list)
+    # text: file name endings that folders and globs contribute (explicitly named files always count);
+    # an empty list accepts every file.
+    extensions: list[str] = field(default_factory=lambda: [".txt", ".md"])
+    # text: how to treat bytes that are not UTF-8: strict (fail naming the file) | replace (U+FFFD).
+    encoding_errors: str = "strict"
+    # shakespeare: where to download from; the sha256 is checked whatever the URL.
+    url: str = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+    # Threads for tokenising (tiktoken's batch encoder); 0 means one per CPU core. Does not change
+    # the result, so it is not part of the fingerprint.
+    num_threads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise UserError(f"data.source={self.source!r} is unknown; use one of {', '.join(SOURCES)}")
+        if not 0.0 < self.val_ratio < 1.0:
+            raise UserError(f"data.val_ratio={self.val_ratio} must be between 0 and 1 (exclusive), e.g. 0.05")
+        if self.max_file_bytes <= 0:
+            raise UserError(f"data.max_file_bytes={self.max_file_bytes} must be positive, e.g. 200000")
+        if self.encoding_errors not in ("strict", "replace"):
+            raise UserError(f"data.encoding_errors={self.encoding_errors!r} must be strict or replace")
+        if self.num_threads < 0:
+            raise UserError(f"data.num_threads={self.num_threads} must be >= 0 (0 = one per CPU core)")
+        if not self.cache_dir:
+            raise UserError("data.cache_dir is empty; give a folder, e.g. data.cache_dir=outputs/data")
+        bad = [e for e in self.extensions if not e.startswith(".")]
+        if bad:
+            raise UserError(f"data.extensions={bad} must start with a dot, e.g. [.txt,.md]")
+        if self.source == "text" and not self.paths:
+            raise UserError(
+                "data=text needs data.paths: files, folders or globs, e.g. 'data.paths=[notes/*.md]'"
+            )
+
+
+@dataclass
+class TokenizerConfig:
+    """Which tokenizer turns text into ids. `bpe` is trained on the corpus' train split."""
+
+    kind: str = "bpe"  # bpe | gpt2 | cl100k | char | byte
+    # bpe only: the total vocabulary, counting <|endoftext|>. 256 byte tokens + (vocab_size - 257)
+    # learned merges + 1 special token. Other kinds have a fixed or corpus-given size.
+    vocab_size: int = 4096
+    # bpe only: train on at most this many characters of the train split (in corpus order);
+    # null trains on all of it. The encoder still tokenises the whole corpus.
+    train_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in TOKENIZER_KINDS:
+            kinds = ", ".join(TOKENIZER_KINDS)
+            raise UserError(f"tokenizer.kind={self.kind!r} is unknown; use one of {kinds}")
+        if self.kind == "bpe" and not 257 <= self.vocab_size <= 2**31 - 1:
+            raise UserError(
+                f"tokenizer.vocab_size={self.vocab_size} must be at least 257 for tokenizer=bpe "
+                "(256 byte tokens + <|endoftext|>), e.g. 4096"
+            )
+        if self.train_chars is not None and self.train_chars <= 0:
+            raise UserError(f"tokenizer.train_chars={self.train_chars} must be positive, or null for all")
