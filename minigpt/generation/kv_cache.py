@@ -66,9 +66,15 @@ class KVCache:
         k_slot = torch.arange(self.length + t_new, device=device)  # (S,)
         causal = k_slot.unsqueeze(0) <= q_slot.unsqueeze(1)  # (T, S)
         valid = k_slot.unsqueeze(0) >= self.pad.unsqueeze(1)  # (B, S)
-        return (causal.unsqueeze(0) & valid.unsqueeze(1)).unsqueeze(1)  # (B, 1, T, S)
+        # A padding query has no valid key: a fully masked row would softmax to NaN, and NaN K/V in
+        # the padding slots would then leak into real rows as 0 * NaN. Letting it attend to itself
+        # keeps every value finite; real queries never see padding either way.
+        itself = k_slot.unsqueeze(0) == q_slot.unsqueeze(1)  # (T, S)
+        return (causal.unsqueeze(0) & (valid.unsqueeze(1) | itself.unsqueeze(0))).unsqueeze(1)  # (B, 1, T, S)
 
-    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H_kv, T, D) keys/values into the next slots; return all filled K/V (B, H_kv, S, D)."""
         t_new = k_new.shape[2]
         end = self.length + t_new

@@ -1,0 +1,23 @@
+"""The transformer: a GPT-style decoder built from one concept per file.
+
+Shape legend, used in every docstring and `# (...)` comment of this package:
+
+    B    batch size
+    T    time: the number of tokens in this forward call (queries)
+    S    key/value length: T without a cache, cached length + T with one
+    C    n_embd, the width of the residual stream
+    H    n_head, the number of query heads
+    H_kv n_kv_head, the number of key/value heads (H_kv < H is grouped-query attention)
+    D    head size, C // H
+    V    vocab_size
+    L    n_layer
+
+Data flow (read the files in this order): embedding.py (token embedding + positional encoding),
+rope.py, norm.py, attention.py (+ online_softmax.py), ffn.py, block.py, gpt.py, factory.py.
+"""
+
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.model.gpt import GPT
+
+__all__ = ["GPT", "ModelConfig", "build_model"]

@@ -1,0 +1,141 @@
+"""Causal multi-head self-attention, with three interchangeable backends.
+
+One fused linear `c_attn` produces queries, keys and values for every head at once; they are split
+into heads, scored with q·kᵀ/√D, masked so no token sees its future, turned into probabilities by a
+softmax over each row, used to average the values, and the heads are concatenated back and mixed
+by the output projection `c_proj` (W_O).
+
+Backends (`model.attention`), which must agree numerically (the tests compare them):
+- `math`: every step written out; the only one that can hand back the probabilities.
+- `sdpa`: torch's fused `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
+- `online`: streams over key/value blocks with a running softmax (online_softmax.py); never
+  materialises the (T, S) score matrix.
+
+Grouped-query attention: with H_kv < H key/value heads, query head h uses key/value head
+h // (H / H_kv). The KV cache stores only H_kv heads, so it shrinks by H / H_kv.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minigpt.model.config import ModelConfig
+from minigpt.model.online_softmax import online_attention
+from minigpt.model.rope import apply_rope
+
+
+def causal_mask(t: int, s: int, device: torch.device) -> torch.Tensor:
+    """(T, S) boolean, True where query i may attend to key j: the last T of S positions are queries."""
+    return torch.ones(t, s, dtype=torch.bool, device=device).tril(diagonal=s - t)
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, H_kv, S, D) -> (B, H_kv * n_rep, S, D): each key/value head serves n_rep query heads."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def math_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout: nn.Module | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The explicit reference. q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S)
+    with True = may attend. Returns the output (B, H, T, D) and the probabilities (B, H, T, S)."""
+    n_rep = q.shape[1] // k.shape[1]
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)
+    # divide by √D: with unit-variance q and k the dot product has variance D, and a softmax of such
+    # wide scores saturates to one-hot rows whose gradients vanish
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    if is_causal:
+        mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))  # softmax turns -inf into exactly 0
+    # torch.softmax subtracts each row's max first, so huge scores cannot overflow exp
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)  # (B, H, T, S), rows sum to 1
+    weights = dropout(probs) if dropout is not None else probs
+    return weights @ v, probs  # (B, H, T, D)
+
+
+def sdpa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    dropout_p: float,
+) -> torch.Tensor:
+    """torch's fused kernel; same arguments and (B, H, T, D) output as `math_attention`."""
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
+    )
+
+
+class CausalSelfAttention(nn.Module):
+    """x (B, T, C) -> (B, T, C). Parameters: c_attn (C -> (H + 2·H_kv)·D), c_proj = W_O (C -> C).
+
+    Dropout after W_O is applied by the block (block.py), so this module's output is the bare W_O y.
+    Set `record_probs = True` to run the math backend and keep the probabilities in `self.probs`
+    (GPT.attention_probs does this for inspection).
+    """
+
+    def __init__(self, config: ModelConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx  # which slot of the KV cache is ours
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
+        qkv_width = (self.n_head + 2 * self.n_kv_head) * self.head_dim  # 3C without GQA
+        self.c_attn = nn.Linear(config.n_embd, qkv_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
+        self.backend = config.attention
+        self.online_block_size = config.online_block_size
+        self.record_probs = False
+        self.probs: torch.Tensor | None = None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = True,
+        kv_cache=None,
+    ) -> torch.Tensor:
+        """rope: (cos, sin) from RotaryEmbedding at this call's positions, or None.
+        mask: (B, 1, T, S) boolean from the KV cache, or None. is_causal: apply the plain causal mask
+        (the caller sets it only when keys are exactly this call's tokens, T == S).
+        kv_cache: a KVCache; our new K/V are written into it and we attend over everything it holds."""
+        B, T, C = x.shape
+        H, H_kv, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split([H * D, H_kv * D, H_kv * D], dim=2)  # (B, T, H·D), (B, T, H_kv·D) x2
+        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        v = v.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if kv_cache is not None:
+            k, v = kv_cache.update(self.layer_idx, k, v)  # (B, H_kv, S, D): cached + new
+        y = self._attend(q, k, v, mask, is_causal)  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads concatenated
+        return self.c_proj(y)
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
+    ) -> torch.Tensor:
+        p_drop = self.attn_drop.p if self.training else 0.0
+        if self.record_probs or self.backend == "math":
+            y, probs = math_attention(q, k, v, mask, is_causal, self.attn_drop if p_drop > 0 else None)
+            self.probs = probs.detach() if self.record_probs else None
+            return y
+        if self.backend == "sdpa":
+            return sdpa_attention(q, k, v, mask, is_causal, p_drop)
+        return online_attention(
+            q, k, v, mask=mask, is_causal=is_causal, block_size=self.online_block_size,
+            dropout=self.attn_drop if p_drop > 0 else None,
+        )

@@ -1,0 +1,32 @@
+"""build_model: the one place a ModelConfig becomes a GPT."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from minigpt.errors import UserError
+from minigpt.model.config import ModelConfig
+from minigpt.model.gpt import GPT
+
+
+def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
+    """Validate `cfg` and build the model; `vocab_size` (the tokenizer's) fills a null model.vocab_size.
+
+    A larger model.vocab_size than the tokenizer's is allowed (e.g. GPT-2's 50257 padded to 50304
+    for faster matmuls: the extra rows are simply never targeted); a smaller one is an error.
+    The caller's cfg is not modified; the filled copy is `model.config`.
+    """
+    if cfg.vocab_size is None:
+        if vocab_size is None:
+            raise UserError(
+                "model.vocab_size is null and no tokenizer vocab size was given: set model.vocab_size"
+            )
+        cfg = dataclasses.replace(cfg, vocab_size=vocab_size)  # replace() re-runs validation
+    elif vocab_size is not None and cfg.vocab_size < vocab_size:
+        raise UserError(
+            f"model.vocab_size={cfg.vocab_size} is smaller than the tokenizer's {vocab_size} tokens "
+            f"(set model.vocab_size={vocab_size} or null)"
+        )
+    else:
+        cfg = dataclasses.replace(cfg)
+    return GPT(cfg)

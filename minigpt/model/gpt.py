@@ -1,0 +1,183 @@
+"""The GPT model: token ids in, next-token logits (and the loss) out.
+
+    idx (B, T) -> wte (+ wpe) -> dropout -> L blocks -> ln_f -> lm_head -> logits (B, T, V)
+                                                                        -> cross-entropy with targets
+
+Parameter names follow GPT-2 (transformer.wte / wpe / h.{i}.ln_1, attn.c_attn, attn.c_proj, ln_2,
+mlp.c_fc, mlp.c_proj / ln_f, lm_head), so importing GPT-2 weights is a name-by-name copy (the
+Conv1D weights of the Hugging Face checkpoint are transposed).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minigpt.generation.kv_cache import KVCache
+from minigpt.model.block import Block
+from minigpt.model.config import ModelConfig
+from minigpt.model.embedding import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from minigpt.model.norm import build_norm
+from minigpt.model.rope import RotaryEmbedding
+
+INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer built from a validated ModelConfig (vocab_size must be set)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("GPT needs config.vocab_size; build_model(cfg, vocab_size) fills it in")
+        self.config = config
+        C = config.n_embd
+        self.transformer = nn.ModuleDict({"wte": nn.Embedding(config.vocab_size, C)})
+        if config.pos_encoding == "learned":
+            self.transformer["wpe"] = LearnedPositionalEncoding(config.block_size, C)
+        elif config.pos_encoding == "sinusoidal":
+            self.transformer["wpe"] = SinusoidalPositionalEncoding(config.block_size, C)
+        else:  # rope: nothing is added to the embedding; the blocks rotate q and k
+            self.transformer["rope"] = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
+        self.transformer["drop"] = nn.Dropout(config.dropout)
+        self.transformer["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        # Post-norm blocks already end in a norm, so a final one would normalise a normalised
+        # stream; pre-norm blocks leave the residual stream raw, and ln_f normalises it for the head.
+        if config.norm_placement == "pre":
+            self.transformer["ln_f"] = build_norm(config.norm, C, config.norm_eps, config.bias)
+        else:
+            self.transformer["ln_f"] = nn.Identity()
+        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        # The original Transformer scales token embeddings by √C when adding the fixed sinusoidal
+        # table: at init std 0.02 they would otherwise be ~35x smaller than the PE (RMS 1/√2).
+        self.emb_scale = math.sqrt(C) if config.pos_encoding == "sinusoidal" else 1.0
+        self.init_weights()
+        if config.tie_weights:
+            # one matrix both reads tokens in and scores them out: saves V·C parameters, and tokens
+            # with similar embeddings get similar output scores (Press & Wolf 2017)
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def init_weights(self) -> None:
+        """GPT-2's initialisation, applied to every weight of the model."""
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)  # biases start neutral
+            elif p.dim() == 1:
+                nn.init.ones_(p)  # norm scales start at identity
+            elif name.endswith("c_proj.weight"):
+                # W_O and the FFN down projection each add to the residual stream, 2·L additions in
+                # all; scaling their std by 1/√(2L) keeps the stream's variance from growing with depth
+                nn.init.normal_(p, mean=0.0, std=INIT_STD / math.sqrt(2 * self.config.n_layer))
+            else:
+                nn.init.normal_(p, mean=0.0, std=INIT_STD)
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        *,
+        kv_cache: KVCache | None = None,
+        last_only: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx (B, T) -> logits (B, T, V), or (B, 1, V) with last_only; loss (mean cross-entropy over
+        targets (B, T), -1 = ignore) or None.
+
+        With a kv_cache, positions and the mask come from the cache, every layer writes its K/V into
+        it, and the cache is advanced by T at the end: prefill with the prompt, then decode one token
+        per call. last_only projects only the last position through lm_head: sampling needs nothing
+        else, and the (B, T, V) logits are the largest tensor of a prefill.
+        """
+        B, T = idx.shape
+        if last_only and targets is not None:
+            raise ValueError("last_only=True computes no loss; pass targets=None")
+        mask, is_causal = None, True
+        if kv_cache is None:
+            if idx.shape[1] > self.config.block_size:
+                raise RuntimeError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+            positions = torch.arange(T, device=idx.device)  # (T,)
+        else:
+            needed = kv_cache.length + T  # checked before a position lookup could fail less clearly
+            if needed > kv_cache.max_len:
+                raise RuntimeError(f"KV cache overflow: {needed} slots needed, {kv_cache.max_len} allocated")
+            positions = kv_cache.positions(T)  # (T,) or (B, T) with left padding
+            if positions.dim() == 2:
+                # padding slots have negative positions; their outputs are never attended to, but
+                # the table lookups need a valid index
+                positions = positions.clamp(min=0)
+            if kv_cache.length > 0 or kv_cache.has_padding:
+                mask, is_causal = kv_cache.attention_mask(T), False  # (B, 1, T, S) or None
+
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.emb_scale != 1.0:
+            x = x * self.emb_scale
+        rope = None
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(positions)  # (T, C) or (B, T, C) broadcasts over B
+        else:
+            rope = self.transformer.rope(positions)  # (cos, sin), shared by all layers
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache)  # (B, T, C)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        x = self.transformer.ln_f(x)
+        if last_only:
+            x = x[:, -1:, :]  # (B, 1, C)
+        logits = self.lm_head(x)  # (B, T, V) or (B, 1, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_probs(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """idx (B, T) -> one (B, H, T, T) tensor of attention probabilities per layer (math backend)."""
+        attns = [block.attn for block in self.transformer.h]
+        try:
+            for attn in attns:
+                attn.record_probs = True
+            self(idx)
+            return [attn.probs for attn in attns]
+        finally:
+            for attn in attns:
+                attn.record_probs, attn.probs = False, None
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count (tied weights counted once). non_embedding drops the lookup tables: wpe,
+        and wte unless it is tied to lm_head (whose matmul does real work)."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            if self.config.pos_encoding == "learned":
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.transformer.wte.weight.numel()
+        return n
+
+    def flops_per_token(self) -> int:
+        """Forward + backward FLOPs per trained token at full context (PaLM, appendix B):
+        6 per matmul weight (2 forward, 4 backward) plus 12·L·C·T for the attention scores and the
+        weighted sum of values, T = block_size."""
+        cfg = self.config
+        return 6 * self.num_params(non_embedding=True) + 12 * cfg.n_layer * cfg.n_embd * cfg.block_size
+
+    def new_kv_cache(
+        self,
+        batch_size: int,
+        max_len: int | None = None,
+        dtype: torch.dtype | None = None,
+        device: torch.device | str | None = None,
+    ) -> KVCache:
+        """An empty KVCache for this model; max_len (default block_size) slots, the model's dtype/device."""
+        cfg = self.config
+        max_len = cfg.block_size if max_len is None else max_len
+        if max_len > cfg.block_size:
+            # positions past block_size were never trained (and learned PE has no row for them)
+            raise ValueError(f"max_len={max_len} exceeds the model's block_size={cfg.block_size}")
+        weight = self.lm_head.weight
+        return KVCache(
+            cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
+            dtype=dtype or weight.dtype, device=device or weight.device,
+        )

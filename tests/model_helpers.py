@@ -1,0 +1,33 @@
+"""Shared helpers of the model tests: the real presets, shrunk to test size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from minigpt.model import GPT, ModelConfig, build_model
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
+PRESETS = ("tiny", "small", "gpt2", "seed", "modern")
+VOCAB = 61  # odd on purpose: no shape may silently depend on a round vocabulary
+
+
+def load_preset(name: str) -> ModelConfig:
+    """The preset exactly as the YAML file defines it (vocab_size still null)."""
+    return ModelConfig(**OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True))
+
+
+def shrunk_config(name: str, **overrides) -> ModelConfig:
+    """A preset with its architecture kept (positions, norm, placement, activation, GQA, bias, tying)
+    and its sizes cut to test scale: 2 layers, 32 wide, 4 heads, context 16, no dropout."""
+    raw = OmegaConf.to_container(OmegaConf.load(PRESET_DIR / f"{name}.yaml"), resolve=True)
+    raw.update(n_layer=2, n_embd=32, n_head=4, block_size=16, vocab_size=VOCAB, dropout=0.0)
+    if raw.get("n_kv_head") is not None:
+        raw["n_kv_head"] = 2  # keep grouped-query attention: 2 query heads per key/value head
+    raw.update(overrides)
+    return ModelConfig(**raw)
+
+
+def shrunk_model(name: str, **overrides) -> GPT:
+    return build_model(shrunk_config(name, **overrides)).eval()
