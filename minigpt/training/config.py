@@ -1,0 +1,110 @@
+"""Configuration of the optimizer, the training loop, the device and logging.
+
+YAML: `configs/optim/`, `configs/trainer/`, `configs/device/`, `configs/logging/`. Each field is the YAML key
+of the same name (`optim.lr` is `OptimConfig.lr`). Values are checked in `__post_init__`, so a bad override
+fails when the config is converted at start-up, before any tensor is allocated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minigpt.errors import UserError
+
+DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup, then cosine decay to a floor (`training/optim.py`)."""
+
+    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio and stays there
+    weight_decay: float = 0.1  # matrices only; norms, biases and embeddings are not decayed
+    beta1: float = 0.9
+    beta2: float = 0.95  # shorter second-moment memory than Adam's 0.999: steadier with small batches
+    eps: float = 1e-8
+    warmup_steps: int = 100
+    decay_steps: int | None = None  # where the cosine reaches its floor; None: trainer.max_steps
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise UserError(f"optim.lr={self.lr} must be positive")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if self.weight_decay < 0:
+            raise UserError(f"optim.weight_decay={self.weight_decay} must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise UserError(f"optim.{name}={getattr(self, name)} must be in [0, 1)")
+        if self.warmup_steps < 0:
+            raise UserError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            raise UserError(f"optim.decay_steps={self.decay_steps} must be >= 1 (or null: trainer.max_steps)")
+        if self.grad_clip < 0:
+            raise UserError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
+
+
+@dataclass
+class TrainerConfig:
+    """The training loop (`training/trainer.py`). One step is one optimizer update."""
+
+    max_steps: int = 1000
+    batch_size: int = 16  # sequences per micro-batch (per process)
+    grad_accum_steps: int = 1  # micro-batches per optimizer step
+    tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
+    eval_every: int = 100  # also evaluates before the first step and after the last
+    eval_batches: int = 20  # fixed validation batches per evaluation
+    ckpt_every: int = 500  # `last` checkpoint; also written at the end
+    resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
+    seed: int = 1337
+
+    def __post_init__(self) -> None:
+        counts = ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches", "ckpt_every")
+        for name in counts:
+            if getattr(self, name) < 1:
+                raise UserError(f"trainer.{name}={getattr(self, name)} must be at least 1")
+        if self.tokens_per_step is not None and self.tokens_per_step < 1:
+            raise UserError(f"trainer.tokens_per_step={self.tokens_per_step} must be at least 1 (or null)")
+
+
+@dataclass
+class DeviceConfig:
+    """Where and in which precision to train (`training/device.py`)."""
+
+    type: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
+    dtype: str = "auto"  # autocast dtype: auto | float32 | bfloat16 | float16 (auto: see device.py)
+    compile: bool | None = None  # torch.compile the model; None: the measured default for the device
+    tf32: bool = True  # TF32 matmuls on Ampere+ GPUs: ~8x the fp32 rate, 10-bit mantissa is ample here
+    peak_tflops: float | None = None  # for MFU; None: known GPU table, else a quick matmul measurement
+
+    def __post_init__(self) -> None:
+        if self.type not in DEVICE_TYPES:
+            raise UserError(f"device.type={self.type!r} is not one of: {', '.join(DEVICE_TYPES)}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"device.dtype={self.dtype!r} is not one of: {', '.join(DTYPES)}")
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise UserError(f"device.peak_tflops={self.peak_tflops} must be positive (or null)")
+
+
+@dataclass
+class LoggingConfig:
+    """Console, progress bar and TensorBoard (`training/tensorboard.py`)."""
+
+    log_every: int = 10  # steps between log lines and TensorBoard scalars (the only host syncs)
+    tensorboard: bool = True
+    progress_bar: bool = True
+    sample_tokens: int = 120  # length of the sample written at each eval and printed at the end; 0: none
+    sample_prompt: str = ""  # empty: start from the end-of-text token, i.e. the start of a document
+    sample_temperature: float = 0.8
+    attention_images: bool = False  # TensorBoard images of every head's attention map at each eval
+
+    def __post_init__(self) -> None:
+        if self.log_every < 1:
+            raise UserError(f"logging.log_every={self.log_every} must be at least 1")
+        if self.sample_tokens < 0:
+            raise UserError(f"logging.sample_tokens={self.sample_tokens} must be >= 0")
+        if self.sample_temperature < 0:
+            raise UserError(f"logging.sample_temperature={self.sample_temperature} must be >= 0")

@@ -1,0 +1,59 @@
+"""Shared fixtures: the real Hydra configs composed with the fast debug preset, and a tiny text corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from minigpt.config import TrainConfig, register_configs, to_object
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "configs"
+
+# Two CPU cores are shared by the whole suite: one intra-op thread per test process keeps runs predictable.
+torch.set_num_threads(1)
+
+
+def compose_train(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Compose configs/train.yaml exactly as `scripts/train.py` would, with command-line style overrides."""
+    register_configs()
+    if not OmegaConf.has_resolver("minigpt_suffix"):  # the run folder's name (see scripts/train.py)
+        OmegaConf.register_new_resolver("minigpt_suffix", lambda name: f"_{name}" if name else "")
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        return compose(config_name="train", overrides=list(overrides))
+
+
+def write_corpus(folder: Path, n_files: int = 6, lines: int = 120) -> Path:
+    """Small, learnable text files: repeated Python-like lines with a little variety."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        body = "".join(
+            f"def f{j % 7}(x):\n    return x * {j % 5} + {i}\n\n" if j % 3 else f"# note {j} of file {i}\n"
+            for j in range(lines)
+        )
+        (folder / f"part{i}.txt").write_text(body)
+    return folder
+
+
+@pytest.fixture
+def corpus_dir(tmp_path: Path) -> Path:
+    return write_corpus(tmp_path / "corpus")
+
+
+def fast_overrides(tmp_path: Path, corpus: Path) -> list[str]:
+    """The debug preset on a tmp corpus, with every output under tmp_path."""
+    return ["debug=fast", "data=text", f"data.paths=[{corpus}]", f"data.cache_dir={tmp_path / 'data'}"]
+
+
+@pytest.fixture
+def make_train_cfg(tmp_path: Path, corpus_dir: Path):
+    """Factory: a validated TrainConfig for the fast preset plus extra overrides."""
+
+    def make(*extra: str) -> TrainConfig:
+        return to_object(compose_train([*fast_overrides(tmp_path, corpus_dir), *extra]), TrainConfig)
+
+    return make

@@ -1,0 +1,107 @@
+"""The checkpoint format: round trip, atomic replacement, RNG capture, clear errors for bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from minigpt.data.tokenizers import ByteTokenizer
+from minigpt.errors import UserError
+from minigpt.model import ModelConfig, build_model
+from minigpt.training import checkpoint as ckpt
+from minigpt.training.config import OptimConfig
+from minigpt.training.optim import build_optimizer, build_scheduler
+
+CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
+
+
+def _write(path: Path, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = build_model(CFG, vocab_size=257)
+    opt = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=2))
+    sched = build_scheduler(opt, OptimConfig(lr=1e-2, warmup_steps=2), max_steps=10)
+    x = torch.randint(0, 257, (2, 16))
+    model(x, x)[1].backward()
+    opt.step()
+    sched.step()
+    meta = {"step": 1, "model_config": {**CFG.__dict__, "vocab_size": 257}}
+    state = {"step": 1, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+             "rng": ckpt.rng_state()}
+    ckpt.save_checkpoint(path, model, state, meta, ByteTokenizer())
+    return model, opt
+
+
+def test_round_trip(tmp_path: Path):
+    model, opt = _write(tmp_path / "run" / "checkpoints" / "last")
+    loaded, tok, meta = ckpt.load_checkpoint_for_inference(tmp_path / "run")  # a run folder works too
+    assert meta["format_version"] == ckpt.FORMAT_VERSION and meta["step"] == 1
+    assert not loaded.training and tok.decode(tok.encode("héllo")) == "héllo"
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()  # still tied
+    state = ckpt.load_state(tmp_path / "run" / "checkpoints" / "last")  # weights_only=True
+    restored = build_optimizer(loaded, OptimConfig(lr=1e-2, warmup_steps=2))
+    restored.load_state_dict(state["optimizer"])
+    for a, b in zip(opt.state.values(), restored.state.values(), strict=True):
+        assert torch.equal(a["exp_avg_sq"], b["exp_avg_sq"])
+
+
+def test_overwrite_is_atomic_and_leaves_no_temporaries(tmp_path: Path):
+    path = tmp_path / "checkpoints" / "last"
+    _write(path, seed=0)
+    first = (path / ckpt.WEIGHTS).read_bytes()
+    _write(path, seed=1)
+    assert (path / ckpt.WEIGHTS).read_bytes() != first
+    assert sorted(p.name for p in path.parent.iterdir()) == ["last"]
+
+
+def test_rng_state_round_trip():
+    state = ckpt.rng_state()
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    ckpt.set_rng_state(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
+
+
+@pytest.mark.parametrize("damage", ["missing_path", "no_meta", "bad_json", "future_version",
+                                    "truncated_weights", "no_weights", "garbage_state"])
+def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
+    path = tmp_path / "ckpt"
+    _write(path)
+    if damage == "missing_path":
+        path = tmp_path / "nowhere"
+    elif damage == "no_meta":
+        (path / ckpt.META).unlink()
+    elif damage == "bad_json":
+        (path / ckpt.META).write_text("{not json")
+    elif damage == "future_version":
+        meta = json.loads((path / ckpt.META).read_text())
+        (path / ckpt.META).write_text(json.dumps({**meta, "format_version": 99}))
+    elif damage == "truncated_weights":
+        data = (path / ckpt.WEIGHTS).read_bytes()
+        (path / ckpt.WEIGHTS).write_bytes(data[: len(data) // 2])
+    elif damage == "no_weights":
+        (path / ckpt.WEIGHTS).unlink()
+    elif damage == "garbage_state":
+        (path / ckpt.STATE).write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(UserError) as info:
+        ckpt.load_checkpoint_for_inference(path)
+        ckpt.load_state(ckpt.resolve_checkpoint(path))
+    assert "\n" not in str(info.value)
+    if damage == "future_version":
+        assert "99" in str(info.value) and "1" in str(info.value)
+
+
+def test_find_latest_checkpoint(tmp_path: Path):
+    with pytest.raises(UserError):
+        ckpt.find_latest_checkpoint(tmp_path)
+    _write(tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last")
+    newer = _write(tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last") and None
+    assert newer is None
+    latest = ckpt.find_latest_checkpoint(tmp_path)
+    assert latest == tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"
