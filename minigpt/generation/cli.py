@@ -1,0 +1,139 @@
+"""The body of `scripts/generate.py`: load a checkpoint, sample, stream, summarise; or run a REPL.
+
+Kept out of the script so tests can call it with a config object and in-memory streams.
+Output: samples on `out` (the prompt, then the continuation), one summary line on `err`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from minigpt.errors import UserError
+from minigpt.generation.config import GenerateConfig
+from minigpt.generation.generate import GenerationStats, stream_tokens
+from minigpt.generation.naive import naive_stream_tokens
+from minigpt.generation.session import Session
+from minigpt.generation.stopping import StopStrings
+from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
+from minigpt.generation.window import default_keep
+from minigpt.training.config import DeviceConfig
+
+SEPARATOR = "\n" + "-" * 40 + "\n"
+
+
+def resolve_device(cfg: DeviceConfig) -> tuple[torch.device, torch.dtype]:
+    """The device (auto: CUDA, then MPS, then CPU) and the weights' dtype (auto: bfloat16 on CUDA,
+    float16 on GPUs without bf16, float32 elsewhere). Unavailable choices are UserErrors."""
+    kind = cfg.type
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError("device.type=cuda but no CUDA device is available (use device=cpu or device=auto)")
+    if kind == "mps" and not torch.backends.mps.is_available():
+        raise UserError("device.type=mps but MPS is not available (use device=cpu or device=auto)")
+    name = cfg.dtype
+    if name == "auto":
+        bf16 = kind == "cuda" and torch.cuda.is_bf16_supported()
+        name = "bfloat16" if bf16 else "float16" if kind == "cuda" else "float32"
+    if name == "float16" and kind == "cpu":
+        raise UserError("device.dtype=float16 is not supported on CPU (use float32 or bfloat16)")
+    return torch.device(kind), getattr(torch, name)
+
+
+def load_model(checkpoint: str | None, device_cfg: DeviceConfig) -> tuple[torch.nn.Module, Any, dict]:
+    """(model in eval mode, tokenizer, meta) from `checkpoint`, or the latest run under outputs/."""
+    from minigpt.training.checkpoint import find_latest_checkpoint, load_checkpoint_for_inference
+
+    device, dtype = resolve_device(device_cfg)
+    path = checkpoint if checkpoint else find_latest_checkpoint(Path("outputs"))
+    return load_checkpoint_for_inference(path, device=device, dtype=dtype)
+
+
+def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]:
+    eot = getattr(tokenizer, "eot_id", None)
+    return ([] if eot is None else [eot]), StopStrings([unescape(s) for s in cfg.stop], tokenizer.decode)
+
+
+def run_samples(
+    cfg: GenerateConfig, model: torch.nn.Module, tokenizer: Any, out: TextIO, err: TextIO
+) -> tuple[list[str], GenerationStats]:
+    """Generate `cfg.num_samples` continuations of the prompt as one batch; return their texts and stats."""
+    prompt = read_prompt(cfg.prompt, cfg.prompt_file)
+    ids = encode_prompt(tokenizer, prompt)
+    stop_ids, stop_strings = _stops(cfg, tokenizer)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+    stats = GenerationStats()
+    run = stream_tokens if cfg.kv_cache else naive_stream_tokens
+    steps = run(
+        model, [ids] * cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
+        params=cfg.sampling(tokenizer.vocab_size), generator=generator,
+        stop_ids=stop_ids, stop_fn=stop_strings or None,
+        keep=default_keep(model.config.block_size, cfg.window_keep_ratio), stats=stats,
+    )  # fmt: skip
+    outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
+    live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
+    _write(out, prompt)
+    for step in steps:
+        for b, t in enumerate(step.emitted):
+            if t is not None:
+                outputs[b].append(t)
+        # A token that completes a stop string ends its row (done); `finish` prints what precedes it.
+        if live is not None and step.emitted[0] is not None and not step.done[0]:
+            _write(out, live.push(step.emitted[0]))
+    texts = [stop_strings.cut(tokenizer.decode(o)) for o in outputs]
+    # The first sample streamed live (the batch decodes in lockstep, so interleaving them would be
+    # unreadable); the others are printed whole once the batch is done.
+    _write(out, live.finish(texts[0]) if live is not None else texts[0])
+    for text in texts[1:]:
+        _write(out, SEPARATOR + prompt + text)
+    _write(out, "\n")
+    print(stats.summary(), file=err, flush=True)
+    return texts, stats
+
+
+def run_interactive(
+    cfg: GenerateConfig, model: torch.nn.Module, tokenizer: Any, read_line: Callable[[], str | None],
+    out: TextIO, err: TextIO,
+) -> Session:  # fmt: skip
+    """A REPL: each line's text is appended to the conversation and the model continues it.
+
+    `read_line` returns the next line, or None at end of input (Ctrl-D); an empty line also ends it.
+    """
+    stop_ids, stop_strings = _stops(cfg, tokenizer)
+    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+
+    def rebuilt(width: int) -> None:
+        print(f"[context window full: cache rebuilt from the last {width} tokens]", file=err, flush=True)
+
+    session = Session(
+        model, cfg.sampling(tokenizer.vocab_size), generator, stop_ids=stop_ids, stop_fn=stop_strings or None,
+        keep=default_keep(model.config.block_size, cfg.window_keep_ratio), on_rebuild=rebuilt,
+    )  # fmt: skip
+    print("interactive: each line is appended to the session and continued; empty line or Ctrl-D quits",
+          file=err, flush=True)  # fmt: skip
+    while (line := read_line()) is not None and line != "":
+        try:
+            ids = encode_prompt(tokenizer, line)
+        except UserError as e:  # a typo should not end the session
+            print(f"error: {e}", file=err, flush=True)
+            continue
+        stream = TextStream(tokenizer.decode, stop_strings.holdback())
+        reply = []
+        for token in session.turn(ids, cfg.max_new_tokens):
+            reply.append(token)
+            if not (stop_strings and stop_strings(0, reply)):  # a completed stop string is never printed
+                _write(out, stream.push(token))
+        _write(out, stream.finish(stop_strings.cut(tokenizer.decode(reply))) + "\n")
+        print(f"[prefilled {session.last_prefill} tokens, generated {len(reply)}; "
+              f"context {session.width}/{session.block_size} tokens]", file=err, flush=True)  # fmt: skip
+    return session
+
+
+def _write(out: TextIO, text: str) -> None:
+    if text:
+        out.write(text)
+        out.flush()

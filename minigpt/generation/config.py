@@ -1,0 +1,47 @@
+"""Configuration of `scripts/generate.py` (YAML: `configs/generate.yaml`, flat keys: `temperature=0.5`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from minigpt.errors import UserError
+from minigpt.generation.sampling import SamplingParams, validate_sampling
+from minigpt.training.config import DeviceConfig
+
+
+@dataclass
+class GenerateConfig:
+    checkpoint: str | None = None  # a checkpoint folder, a run folder, or null: the latest run under outputs/
+    prompt: str = ""  # empty: an unconditional sample, started from the end-of-text token
+    prompt_file: str | None = None  # read the prompt from this file instead
+    num_samples: int = 1  # samples of the same prompt, decoded together as one batch
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int = 1337
+    # The same `device` group as training (`device=cpu`, `device.dtype=bfloat16`): type picks the device,
+    # dtype the precision of the weights and the KV cache (auto: bfloat16 on CUDA, float32 elsewhere).
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
+    stream: bool = True  # print the first sample token by token as it is generated
+    interactive: bool = False  # a REPL: each line is appended to one running session
+    stop: list[str] = field(default_factory=list)  # stop strings, besides the end-of-text token
+    window_keep_ratio: float = 0.5  # share of the context kept when the window is rebuilt
+
+    def __post_init__(self) -> None:
+        validate_sampling(self.temperature, self.top_k, self.top_p)
+        if self.max_new_tokens < 0:
+            raise UserError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
+        if self.num_samples < 1:
+            raise UserError(f"num_samples={self.num_samples} must be at least 1")
+        if self.prompt and self.prompt_file:
+            raise UserError("give either prompt= or prompt_file=, not both")
+        if not 0.0 < self.window_keep_ratio <= 1.0:
+            raise UserError(f"window_keep_ratio={self.window_keep_ratio} must be in (0, 1]")
+        if self.interactive and self.num_samples != 1:
+            raise UserError("interactive=true runs one conversation; drop num_samples (or set it to 1)")
+
+    def sampling(self, vocab_size: int | None = None) -> SamplingParams:
+        """The sampling knobs; `vocab_size` (the tokenizer's) keeps padded model ids from being drawn."""
+        return SamplingParams(self.temperature, self.top_k, self.top_p, vocab_size)

@@ -1,0 +1,177 @@
+"""KV-cached generation: one prefill over the prompts, then one token per decode step.
+
+    prefill   the prompt windows (B, T) -> forward once, filling every layer's K/V cache
+    decode    the last sampled tokens (B, 1) -> forward; each query attends to all cached K/V,
+              and its own K/V are written into the next cache slot
+
+Only the last position is projected to the vocabulary (`last_only=True`): the (B, T, V) logits of
+a prompt would be computed and thrown away.
+
+Prompts of different lengths share one batch through left padding: row b's window is
+right-aligned and `cache.set_padding` tells the model to give it positions 0, 1, ... and to
+mask the padding, so each row sees exactly what it would see alone.
+
+When a sequence outgrows the model's context, the cache is rebuilt from the most recent tokens
+(see `window.py` for the rule). If any row needs a rebuild, the whole batch is re-prefilled,
+each row from its own window; for the other rows that window is just their current context.
+
+A step costs one host sync: the sampled tokens come back as a Python list for the stop checks.
+The model must be in eval mode (dropout off) for the tokens to be reproducible.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from minigpt.generation.kv_cache import KVCache
+from minigpt.generation.sampling import SamplingParams, sample
+from minigpt.generation.stopping import Rows, StopFn
+from minigpt.generation.window import default_keep, window_length
+
+# Token id written into the padding slots: any valid id works, the mask hides it.
+PAD_ID = 0
+
+
+@dataclass
+class Step:
+    """One decoding step: what each row emitted (None once finished) and the logits it came from."""
+
+    emitted: list[int | None]
+    done: list[bool]
+    logits: torch.Tensor  # (B, V) the last position's logits the tokens were sampled from
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings for the summary line; the loop fills them as it runs."""
+
+    batch_size: int = 0
+    prompt_tokens: int = 0  # summed over rows
+    new_tokens: int = 0  # emitted tokens, summed over rows (stop tokens excluded)
+    prefill_s: float = 0.0  # the first forward and the first sampled token
+    decode_s: float = 0.0  # everything after it, rebuilds included
+    decode_steps: int = 0  # decode forwards (rebuilds count as one)
+    reprefills: int = 0  # cache rebuilds after the window filled up
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        return self.decode_steps * self.batch_size / self.decode_s if self.decode_s > 0 else 0.0
+
+    def summary(self) -> str:
+        return (
+            f"prompt tokens: {self.prompt_tokens} | new tokens: {self.new_tokens} | "
+            f"prefill: {self.prefill_s * 1e3:.1f} ms | decode: {self.decode_tokens_per_s:.1f} tokens/s"
+            + (f" | window rebuilds: {self.reprefills}" if self.reprefills else "")
+        )
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[list[int]]  # per row: the generated ids, stop token excluded
+    stats: GenerationStats
+    logits: list[torch.Tensor] = field(default_factory=list)  # per step (B, V), when asked for
+
+
+def prefill_windows(model: torch.nn.Module, cache: KVCache, windows: list[list[int]]) -> torch.Tensor:
+    """Reset `cache` and fill it with the left-padded `windows`; return the last logits (B, V)."""
+    t = max(len(w) for w in windows)
+    device = cache.k.device
+    idx = torch.tensor([[PAD_ID] * (t - len(w)) + w for w in windows], dtype=torch.long)  # (B, T)
+    pad = torch.tensor([t - len(w) for w in windows], dtype=torch.long)  # (B,)
+    cache.reset()
+    cache.set_padding(pad)
+    logits, _ = model(idx.to(device), kv_cache=cache, last_only=True)  # (B, 1, V)
+    return logits[:, -1]
+
+
+@torch.no_grad()
+def stream_tokens(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    params: SamplingParams,
+    generator: torch.Generator,
+    stop_ids: Sequence[int] = (),
+    stop_fn: StopFn | None = None,
+    keep: int | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[Step]:
+    """Generate up to `max_new_tokens` per row with the KV cache, yielding after every step.
+
+    prompts: B lists of token ids (each non-empty). Ends early once every row has stopped.
+    keep: tokens kept when the window is rebuilt (default block_size // 2, see `window.py`).
+    """
+    block_size = model.config.block_size
+    keep = default_keep(block_size) if keep is None else keep
+    rows = Rows(prompts, stop_ids, stop_fn)
+    stats = stats if stats is not None else GenerationStats()
+    stats.batch_size = len(prompts)
+    stats.prompt_tokens = sum(len(p) for p in prompts)
+    if max_new_tokens <= 0:
+        return
+    device = next(model.parameters()).device
+    cache = model.new_kv_cache(len(prompts), max_len=block_size, device=device)
+
+    start = time.perf_counter()
+    widths = [window_length(len(s), block_size, keep) for s in rows.seqs]
+    logits = prefill_windows(model, cache, [s[len(s) - w :] for s, w in zip(rows.seqs, widths, strict=True)])
+    for step in range(max_new_tokens):
+        tokens = sample(logits, params, generator)  # (B,)
+        emitted = rows.record(tokens.tolist())  # the step's one host sync
+        stats.new_tokens += sum(t is not None for t in emitted)
+        elapsed = time.perf_counter() - start
+        if step == 0:
+            stats.prefill_s += elapsed
+        else:
+            stats.decode_s += elapsed
+        yield Step(emitted, list(rows.done), logits)
+        if rows.all_done or step == max_new_tokens - 1:
+            return
+        start = time.perf_counter()
+        stats.decode_steps += 1
+        new_widths = [window_length(len(s), block_size, keep) for s in rows.seqs]
+        if all(nw == w + 1 for nw, w in zip(new_widths, widths, strict=True)):
+            logits = model(tokens.view(-1, 1), kv_cache=cache, last_only=True)[0][:, -1]  # (B, V)
+        else:  # some row's window is full: rebuild every row from its own window
+            stats.reprefills += 1
+            windows = [s[len(s) - w :] for s, w in zip(rows.seqs, new_widths, strict=True)]
+            logits = prefill_windows(model, cache, windows)
+        widths = new_widths
+
+
+def generate(
+    model: torch.nn.Module,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    params: SamplingParams,
+    generator: torch.Generator,
+    stop_ids: Sequence[int] = (),
+    stop_fn: StopFn | None = None,
+    keep: int | None = None,
+    use_cache: bool = True,
+    keep_logits: bool = False,
+) -> GenerationResult:
+    """Run `stream_tokens` (or, with use_cache=False, the naive reference) to the end and collect rows."""
+    from minigpt.generation.naive import naive_stream_tokens  # the reference imports this module's types
+
+    stats = GenerationStats()
+    run = stream_tokens if use_cache else naive_stream_tokens
+    out: list[list[int]] = [[] for _ in prompts]
+    logits: list[torch.Tensor] = []
+    steps = run(
+        model, prompts, max_new_tokens=max_new_tokens, params=params, generator=generator,
+        stop_ids=stop_ids, stop_fn=stop_fn, keep=keep, stats=stats,
+    )  # fmt: skip
+    for step in steps:
+        for b, t in enumerate(step.emitted):
+            if t is not None:
+                out[b].append(t)
+        if keep_logits:
+            logits.append(step.logits)
+    return GenerationResult(out, stats, logits)

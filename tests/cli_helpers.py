@@ -1,0 +1,58 @@
+"""Run a script of `scripts/` in this process, exactly as `python scripts/<name>.py args...` would.
+
+`runpy` executes the file as `__main__`, so the real entry point runs (Hydra composition, the one-line error
+handling, the exit code) without paying a fresh interpreter's torch import (several seconds on 2 cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import runpy
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+
+@dataclass
+class ScriptRun:
+    code: int
+    out: str
+    err: str
+
+    @property
+    def err_lines(self) -> list[str]:
+        return [line for line in self.err.splitlines() if line.strip()]
+
+
+def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str]) -> ScriptRun:
+    """Run scripts/<name>.py with `args`; returns its exit code (0 when it returned) and captured output."""
+    path = ROOT / "scripts" / f"{name}.py"
+    saved_argv, saved_env = sys.argv, dict(os.environ)
+    os.environ.pop("HYDRA_FULL_ERROR", None)  # the scripts set it for themselves; start each run clean
+    sys.argv = [str(path), *args]
+    capsys.readouterr()
+    code = 0
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = saved_argv
+        os.environ.clear()
+        os.environ.update(saved_env)
+    captured = capsys.readouterr()
+    return ScriptRun(code, captured.out, captured.err)
+
+
+def snapshot(*roots: Path) -> dict[str, str]:
+    """Path -> content hash of every file under `roots`, to show that a failed command changed nothing."""
+    files: dict[str, str] = {}
+    for root in roots:
+        for f in sorted(Path(root).rglob("*")):
+            if f.is_file():
+                files[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return files
