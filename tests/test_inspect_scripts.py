@@ -1,0 +1,46 @@
+"""Inspection entry points: the argparse tools in-process, the Hydra shape walk as a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # the argparse scripts expose main(argv)
+
+import import_gpt2  # noqa: E402
+import loss_curves  # noqa: E402
+import pe_plots  # noqa: E402
+from test_inspect_plots import _write_run  # noqa: E402
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_pe_plots_and_loss_curves_write_pngs(tmp_path: Path, capsys) -> None:
+    pe_plots.main(["--dim", "16", "--positions", "32", "--head-dim", "8", "--out", str(tmp_path / "pe.png")])
+    _write_run(tmp_path / "run", 0.05, ["optim.lr=0.05"])
+    loss_curves.main([str(tmp_path / "run"), "--out", str(tmp_path / "loss.png")])
+    assert imread(tmp_path / "pe.png").std() > 0.05 and imread(tmp_path / "loss.png").std() > 0.05
+    capsys.readouterr()
+    for main, argv in ((loss_curves.main, [str(tmp_path / "missing")]),
+                       (import_gpt2.main, [str(tmp_path), str(tmp_path / "ckpt")])):  # no config.json there
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and err.count("\n") == 1  # one line, no traceback
+    assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.slow
+def test_shape_walk_script_prints_the_walk() -> None:
+    ok = _run("scripts/shape_walk.py", "model.n_layer=1", "model.n_head=4", "model.n_embd=24",
+              "model.block_size=5", "vocab_size=50")  # B=2, T=5, H=4, D=6: no size is ambiguous
+    assert ok.returncode == 0, ok.stderr
+    assert "(B, H, T, T)" in ok.stdout and "lm_head [Linear]" in ok.stdout
