@@ -100,6 +100,7 @@ class LoggingConfig:
     sample_prompt: str = ""  # empty: start from the end-of-text token, i.e. the start of a document
     sample_temperature: float = 0.8
     attention_images: bool = False  # TensorBoard images of every head's attention map at each eval
+    attention_images: bool = False  # TensorBoard images of every head's attention map at each eval
 
     def __post_init__(self) -> None:
         if self.log_every < 1:

@@ -265,6 +265,12 @@ class Trainer:
 
             first_val_row = self.val_batches[0][0][0, :32]  # (T<=32,) token ids
             log_attention_images(self.tb.writer, self.model, first_val_row, self.step, self.tokenizer)
+        if self.cfg.logging.attention_images and self.tb.writer is not None:
+            # Imported here: matplotlib is only needed when the images are asked for.
+            from minigpt.inspect.attention_maps import log_attention_images
+
+            first_val_row = self.val_batches[0][0][0, :32]  # (T<=32,) token ids
+            log_attention_images(self.tb.writer, self.model, first_val_row, self.step, self.tokenizer)
 
     def _sample(self) -> str:
         lc = self.cfg.logging
