@@ -10,15 +10,18 @@ Scripts call `to_object(cfg, Schema)` once at start-up; library code only ever s
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from minigpt.data.config import DataConfig, TokenizerConfig
-from minigpt.errors import UserError
+from minigpt.errors import UserError, exit_with_error
 from minigpt.generation.config import GenerateConfig
 from minigpt.model.config import ModelConfig
 from minigpt.training.config import DeviceConfig, LoggingConfig, OptimConfig, TrainerConfig
@@ -74,3 +77,32 @@ def to_object(cfg: DictConfig, schema: type[T]) -> T:
 def to_plain_dict(obj: object) -> dict:
     """A dataclass tree as plain, resolved Python data (for JSON metadata and TensorBoard text)."""
     return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)  # type: ignore[return-value]
+
+
+def run_cli(main: Callable[[], object]) -> None:
+    """Run a script's `@hydra.main` function so that every bad input ends as one line and exit code 2.
+
+    Hydra reports a config error (a misspelled key, a wrong type) as a multi-line report and a trimmed
+    traceback, and re-raises nothing. With HYDRA_FULL_ERROR=1 it re-raises instead, so we set it for
+    ourselves and print the first line of what reaches us — unless the user set it, asking for the full
+    report. An OSError (a run folder that cannot be created) ends the same way. `UserError`s from the
+    library are turned into one line inside the job, by `reports_user_errors` under `@hydra.main`.
+    """
+    full_report = os.environ.get("HYDRA_FULL_ERROR") == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as e:
+        if full_report:
+            raise
+        cause = f": {_first_line(e.__cause__)}" if e.__cause__ is not None else ""
+        exit_with_error(f"{_first_line(e).rstrip('.')}{cause} "
+                        "(`--cfg job` shows every key, `--info defaults` every file)")
+    except OSError as e:
+        if full_report:
+            raise
+        exit_with_error(f"{e} (check the paths in your overrides, e.g. hydra.run.dir, and their permissions)")
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()

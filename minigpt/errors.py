@@ -7,8 +7,39 @@ anything else is a bug and may raise normally.
 
 from __future__ import annotations
 
+import functools
+import sys
+from collections.abc import Callable
+from typing import NoReturn, TypeVar
+
 USER_ERROR_EXIT_CODE = 2
 
 
 class UserError(Exception):
     """Bad user input. The message names the problem and the fix, on one line."""
+
+
+def exit_with_error(message: str) -> NoReturn:
+    """End the process the way every script reports bad input: `error: <message>` on stderr, exit code 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(USER_ERROR_EXIT_CODE)
+
+
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def reports_user_errors(main: F) -> F:
+    """Make a script's main function end a `UserError` as one line and exit code 2.
+
+    Put it under `@hydra.main`: the error is handled inside Hydra's job, before Hydra would print
+    a report of its own ("Error executing job with overrides ...") around it.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except UserError as e:
+            exit_with_error(str(e))
+
+    return wrapper  # type: ignore[return-value]

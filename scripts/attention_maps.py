@@ -10,63 +10,39 @@ One heatmap per layer and head (rows: layers, columns: heads), the prompt's toke
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from minigpt.config import to_object
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.config import run_cli, to_object
+from minigpt.errors import reports_user_errors
 from minigpt.inspect.attention_maps import AttentionMapsConfig
 
 ConfigStore.instance().store(name="attention_maps_schema", node=AttentionMapsConfig)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="attention_maps")
+@reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.generation.cli import resolve_device
     from minigpt.inspect.attention_maps import attention_figure, select
     from minigpt.inspect.plotting import save_png
     from minigpt.training.checkpoint import find_latest_checkpoint, load_checkpoint_for_inference
 
-    try:
-        config = to_object(cfg, AttentionMapsConfig)
-        path = config.checkpoint or find_latest_checkpoint(Path("outputs"))
-        device, dtype = resolve_device(config.device)
-        model, tokenizer, _ = load_checkpoint_for_inference(path, device=device, dtype=dtype)
-        ids = [tokenizer.eot_id, *tokenizer.encode(config.prompt)][-config.max_tokens :]
-        layers = select(config.layers, model.config.n_layer, "layers")
-        heads = select(config.heads, model.config.n_head, "heads")
-        fig = attention_figure(model, ids, tokenizer, layers=layers, heads=heads)
-        out = Path(config.out) if config.out else Path(HydraConfig.get().runtime.output_dir) / "attention.png"
-        print(f"attention maps: {save_png(fig, out)}")
-    except UserError as e:
-        _fail(str(e))
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(USER_ERROR_EXIT_CODE)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
+    config = to_object(cfg, AttentionMapsConfig)
+    path = config.checkpoint or find_latest_checkpoint(Path("outputs"))
+    device, dtype = resolve_device(config.device)
+    model, tokenizer, _ = load_checkpoint_for_inference(path, device=device, dtype=dtype)
+    ids = [tokenizer.eot_id, *tokenizer.encode(config.prompt)][-config.max_tokens :]
+    layers = select(config.layers, model.config.n_layer, "layers")
+    heads = select(config.heads, model.config.n_head, "heads")
+    fig = attention_figure(model, ids, tokenizer, layers=layers, heads=heads)
+    out = Path(config.out) if config.out else Path(HydraConfig.get().runtime.output_dir) / "attention.png"
+    print(f"attention maps: {save_png(fig, out)}")
 
 
 if __name__ == "__main__":
-    # Config errors become one line unless HYDRA_FULL_ERROR=1 asks for Hydra's full report (as in train.py).
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        main()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error:
-            raise
-        cause = f": {_first_line(e.__cause__)}" if e.__cause__ is not None else ""
-        _fail(f"{_first_line(e).rstrip('.')}{cause} (`--cfg job` shows every key)")
+    run_cli(main)

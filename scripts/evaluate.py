@@ -13,56 +13,32 @@ Prints one line and writes results.json into the run folder; bad input: one line
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig
-from omegaconf.errors import OmegaConfBaseException
 
-from minigpt.config import to_object
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.config import run_cli, to_object
+from minigpt.errors import reports_user_errors
 from minigpt.inspect.perplexity import EvaluateConfig
 
 ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
+@reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.inspect.perplexity import evaluate
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        result, source = evaluate(to_object(cfg, EvaluateConfig))
-    except UserError as e:
-        _fail(str(e))
+    result, source = evaluate(to_object(cfg, EvaluateConfig))
     print(f"{source}: {result.summary()}")
     record = {"source": source, "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
               "window": result.window, "stride": result.stride}
     (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(USER_ERROR_EXIT_CODE)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
-
-
 if __name__ == "__main__":
-    # Config errors become one line unless HYDRA_FULL_ERROR=1 asks for Hydra's full report (as in train.py).
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        main()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error:
-            raise
-        cause = f": {_first_line(e.__cause__)}" if e.__cause__ is not None else ""
-        _fail(f"{_first_line(e).rstrip('.')}{cause} (`--cfg job` shows every key)")
+    run_cli(main)
