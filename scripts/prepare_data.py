@@ -30,6 +30,8 @@ def main(cfg: DictConfig) -> None:
         prepared = prepare_dataset(pc.data, pc.tokenizer)
     except UserError as e:
         _fail(str(e))
+    except OSError as e:  # e.g. data.cache_dir under a file, or on a read-only disk
+        _fail(_os_error(e))
     meta = prepared.meta
     print(f"prepared:  {prepared.dir}")
     print(f"tokenizer: {prepared.tokenizer.name} ({meta['vocab_size']} ids, {meta['dtype']} bins)")
@@ -44,6 +46,10 @@ def main(cfg: DictConfig) -> None:
 def _fail(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(USER_ERROR_EXIT_CODE)
+
+
+def _os_error(e: OSError) -> str:
+    return f"cannot write {e.filename or ''}: {e.strerror or e} (choose a writable data.cache_dir=...)"
 
 
 def _first_line(e: BaseException) -> str:
@@ -63,3 +69,7 @@ if __name__ == "__main__":
         cause = f": {_first_line(e.__cause__)}" if e.__cause__ is not None else ""
         hint = "(`--cfg job` shows every key, `--info defaults` every file)"
         _fail(f"{_first_line(e).rstrip('.')}{cause} {hint}")
+    except OSError as e:  # Hydra's run folder could not be created
+        if full_error:
+            raise
+        _fail(_os_error(e))

@@ -93,8 +93,9 @@ def save_checkpoint(
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-write
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     save_model(unwrap(model), str(tmp / WEIGHTS))  # handles tied weights (one stored copy)
     torch.save(state, tmp / STATE)
@@ -104,10 +105,11 @@ def save_checkpoint(
         tokenizer.save(tmp / TOKENIZER)
     _fsync_tree(tmp)
     # Swap: old -> .old, tmp -> path, drop .old. A crash between the two renames leaves `.old` complete,
-    # and `resolve_checkpoint` falls back to it.
+    # and `resolve_checkpoint` falls back to it. A `.old` is only deleted once `path` is complete again (a
+    # crash may have left `.old` as the only checkpoint).
     old = path.with_name(f".{path.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
     if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
         os.replace(path, old)
     os.replace(tmp, path)
     _fsync_dir(path.parent)
@@ -197,12 +199,18 @@ def load_state(ckpt: Path, map_location: str | torch.device = "cpu") -> dict[str
         raise UserError(f"checkpoint {str(ckpt)!r} has no {STATE}; it cannot be resumed from")
     try:
         return torch.load(file, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:  # weights_only found a global it will not import: never executed
+    except pickle.UnpicklingError as e:
+        if "weights only load failed" not in str(e).lower():
+            first = str(e).splitlines()[0][:200]
+            raise UserError(f"cannot load {str(file)!r}: {first} (the file is corrupt)") from None
+        # torch's restricted unpickler met something besides tensors and plain containers (a code-running
+        # global, an opcode it does not allow): never fall back to full unpickling.
         raise UserError(
-            f"{str(file)!r} refused: it holds objects other than plain tensors and containers (a tampered or "
-            "foreign file); nothing in it was run"
+            f"refused to load {str(file)!r}: it holds something other than plain tensors and containers "
+            "(tampered with, corrupt, or not written by minigpt) and unpickling it could run code; "
+            "use only checkpoints you trust"
         ) from None
-    except Exception as e:  # torch raises several types for truncated files
+    except Exception as e:  # torch raises several types for truncated or tampered files
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"cannot load {str(file)!r}: {first[:200]} (the file is corrupt)") from None
 

@@ -13,6 +13,8 @@ from minigpt.errors import UserError
 
 DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+STRATEGIES = ("ddp", "fsdp")  # see training/distributed.py
+NONFINITE_POLICIES = ("stop", "skip")
 
 
 @dataclass
@@ -60,12 +62,21 @@ class TrainerConfig:
     ckpt_every: int = 500  # `last` checkpoint; also written at the end
     resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
     seed: int = 1337
+    # Under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2: parameters, gradients and
+    # optimizer state sharded across ranks). Ignored by a single process.
+    strategy: str = "ddp"
+    on_nonfinite: str = "stop"  # a NaN/inf loss: stop (keeping the last good checkpoint) | skip (that update)
 
     def __post_init__(self) -> None:
         counts = ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches", "ckpt_every")
         for name in counts:
             if getattr(self, name) < 1:
                 raise UserError(f"trainer.{name}={getattr(self, name)} must be at least 1")
+        if self.strategy not in STRATEGIES:
+            raise UserError(f"trainer.strategy={self.strategy!r} is not one of: {', '.join(STRATEGIES)}")
+        if self.on_nonfinite not in NONFINITE_POLICIES:
+            raise UserError(f"trainer.on_nonfinite={self.on_nonfinite!r} is not one of: "
+                            f"{', '.join(NONFINITE_POLICIES)}")
         if self.tokens_per_step is not None and self.tokens_per_step < 1:
             raise UserError(f"trainer.tokens_per_step={self.tokens_per_step} must be at least 1 (or null)")
 
@@ -99,7 +110,6 @@ class LoggingConfig:
     sample_tokens: int = 120  # length of the sample written at each eval and printed at the end; 0: none
     sample_prompt: str = ""  # empty: start from the end-of-text token, i.e. the start of a document
     sample_temperature: float = 0.8
-    attention_images: bool = False  # TensorBoard images of every head's attention map at each eval
     attention_images: bool = False  # TensorBoard images of every head's attention map at each eval
 
     def __post_init__(self) -> None:

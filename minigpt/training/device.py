@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -67,8 +68,13 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
     # the first compilation took ~90 s (10 s from a warm cache), which a few-minute `make train` does not win
     # back; it also needs a C++ toolchain. On CUDA compilation pays for itself within minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
-    if compile_model and device.type == "cpu":
-        _check_cpu_compiler()
+    problem = compile_problem(device) if compile_model else None
+    if problem and cfg.compile:
+        raise UserError(f"device.compile=true but torch.compile cannot run here: {problem}; "
+                        "or set device.compile=false")
+    if problem:
+        log.info("not compiling: %s", problem)
+        compile_model = False
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
         torch.backends.cudnn.allow_tf32 = cfg.tf32
@@ -77,12 +83,24 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
     return Runtime(device=device, dtype=dtype, compile=compile_model)
 
 
-def _check_cpu_compiler() -> None:
-    """Inductor turns the model into C++ on CPU; fail now, not after the first step, if it cannot build it."""
-    compiler = os.environ.get("CXX") or "g++"
-    if shutil.which(compiler) is None and (os.environ.get("CXX") or shutil.which("clang++") is None):
-        raise UserError(f"device.compile=true on CPU needs a C++ compiler, and {compiler!r} was not found "
-                        "(install g++ or set CXX, or use device.compile=false)")
+def compile_problem(device: torch.device) -> str | None:
+    """Why torch.compile would fail on `device`, or None. Checked up front: otherwise it fails at the first
+    step with a long compiler traceback. Its Inductor backend generates C++ on CPU, Triton kernels on CUDA."""
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        return f"TorchDynamo does not support Python {version} on {sys.platform}"
+    if device.type == "cpu":
+        cxx = os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")  # what Inductor calls
+        if shutil.which(cxx) is None:
+            return f"Inductor needs a C++ compiler on CPU and {cxx!r} was not found (install one, or set CXX)"
+    if device.type == "cuda":
+        from torch.utils._triton import has_triton
+
+        if not has_triton():
+            return "Inductor needs Triton on CUDA and it is not installed (pip install triton)"
+    return None
 
 
 def _pick_device(kind: str, local_rank: int) -> torch.device:

@@ -6,12 +6,18 @@ so a step can be queued entirely on a GPU while the host prepares the next one.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 
 import torch
 
+from minigpt.errors import UserError
+from minigpt.training import distributed
 from minigpt.training.device import Runtime
+from minigpt.training.distributed import DistEnv
+
+log = logging.getLogger(__name__)
 
 
 def accumulate_gradients(
@@ -21,15 +27,17 @@ def accumulate_gradients(
     """Forward and backward `n_micro` micro-batches, summing their gradients; returns the mean loss tensor.
 
     Each micro-batch loss is divided by `n_micro`, so the summed gradients equal those of one batch
-    `n_micro` times larger (the mean over all its tokens), whatever the accumulation.
+    `n_micro` times larger (the mean over all its tokens), whatever the accumulation. Under DDP/FSDP only the
+    last backward averages the gradients across ranks (`gradient_sync`); the others just accumulate locally.
     """
     loss_sum = torch.zeros((), device=runtime.device)
-    for _ in range(n_micro):
+    for i in range(n_micro):
         x, y = next_batch()  # (B, T), (B, T)
-        with runtime.autocast():
-            _, loss = model(x, y)
-        loss = loss / n_micro
-        scaler.scale(loss).backward()
+        with distributed.gradient_sync(model, enabled=i == n_micro - 1):
+            with runtime.autocast():
+                _, loss = model(x, y)
+            loss = loss / n_micro
+            scaler.scale(loss).backward()
         loss_sum += loss.detach()
     return loss_sum
 
@@ -48,3 +56,48 @@ def optimizer_step(
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
     return grad_norm, lr
+
+
+class NonFiniteLossError(UserError):
+    """The loss became NaN or infinite: a diverging run (too high a learning rate, too short a warmup)."""
+
+
+class NonFiniteGuard:
+    """Watches the loss for NaN/inf, per `trainer.on_nonfinite`.
+
+    stop (default): remember, on the device, the first step whose loss was not finite -- no host sync on the
+        hot path -- and raise in `check`, which the trainer calls at log intervals and before every
+        checkpoint, so a diverged model never overwrites a good checkpoint.
+    skip: read the loss every step (one host sync per step, the price of deciding before the update) and
+        skip the update of a step whose loss is not finite on any rank.
+    """
+
+    def __init__(self, policy: str, device: torch.device) -> None:
+        self.policy, self.skipped = policy, 0
+        self.first_bad_step = torch.zeros((), dtype=torch.long, device=device)  # 0: none (steps count from 1)
+
+    def should_skip(self, loss: torch.Tensor, step: int, env: DistEnv) -> bool:
+        """Called after the backward pass of step `step` (1-based), before its update."""
+        bad = ~torch.isfinite(loss)
+        if self.policy == "skip":
+            if not distributed.any_rank(bool(bad), env):
+                return False
+            self.skipped += 1
+            log.warning("step %d: the loss is not finite on at least one rank; update skipped "
+                        "(trainer.on_nonfinite=skip, %d skipped so far)", step, self.skipped)
+            return True
+        self.first_bad_step = torch.where(bad & (self.first_bad_step == 0), step, self.first_bad_step)
+        return False
+
+    def check(self, env: DistEnv, on_disk: Callable[[], str]) -> None:
+        """Raise NonFiniteLossError if a step's loss was not finite (policy stop); `on_disk()` tells what is
+        saved."""
+        if self.policy != "stop":
+            return
+        step = distributed.min_positive_over_ranks(int(self.first_bad_step.item()), env)
+        if step:
+            raise NonFiniteLossError(
+                f"the training loss became non-finite (NaN or inf) at step {step}; stopped, and {on_disk()} "
+                "(lower optim.lr, raise optim.warmup_steps, or set trainer.on_nonfinite=skip to skip such "
+                "steps)"
+            )

@@ -1,0 +1,293 @@
+"""The torchrun environment: who am I, the process group, and the model wrapped for data parallelism.
+
+`torchrun --nproc_per_node=N scripts/train.py ...` starts N copies of the script and tells each one its place
+through environment variables (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Every copy trains the
+same model on its own stream of batches; after each backward pass the gradients are averaged across copies, so
+all of them take the same optimizer step. Nothing here is home-made: the collectives are torch.distributed's,
+over gloo on CPU and NCCL on CUDA.
+
+Two strategies:
+
+    ddp   DistributedDataParallel: every rank holds the whole model; gradients are all-reduced (averaged)
+          bucket by bucket while the backward pass is still running.
+    fsdp  FSDP2 (`fully_shard`): every rank holds 1/N of each parameter, gradient and optimizer state; a
+          block's weights are all-gathered just before it runs and freed after. For models that do not fit
+          one device. Checkpoints gather the full tensors (to CPU), so they load anywhere, even without
+          torch.distributed.
+
+A single process (no torchrun) runs with `DistEnv()` and every function here is then a no-op.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from minigpt.errors import UserError
+from minigpt.training.config import STRATEGIES
+
+log = logging.getLogger(__name__)
+# A collective that waits longer than this is a hang (a rank died or took another code path). torch's default
+# is 10 minutes for NCCL and 30 for gloo; evaluation and checkpointing of the models here take far less.
+COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the run: global rank, rank on this machine, number of processes."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes: logs, TensorBoard, checkpoints, the run folder."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> DistEnv:
+        """Read what torchrun set; a plain `python scripts/train.py` (none of it set) is one process."""
+        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+        if not any(n in environ for n in names):
+            return cls()
+        values = {}
+        for n in names:
+            raw = environ.get(n, "0" if n != "WORLD_SIZE" else "1")
+            try:
+                values[n] = int(raw)
+            except ValueError:
+                raise UserError(f"environment variable {n}={raw!r} is not an integer (launch with torchrun, "
+                                f"which sets RANK, LOCAL_RANK and WORLD_SIZE)") from None
+        env = cls(rank=values["RANK"], local_rank=values["LOCAL_RANK"], world_size=values["WORLD_SIZE"])
+        if env.world_size < 1 or not 0 <= env.rank < env.world_size or env.local_rank < 0:
+            raise UserError(f"inconsistent torchrun environment RANK={env.rank} LOCAL_RANK={env.local_rank} "
+                            f"WORLD_SIZE={env.world_size} (launch with torchrun --nproc_per_node=N)")
+        return env
+
+
+# ---------------------------------------------------------------------------------------------- process group
+
+
+def init_process_group(env: DistEnv) -> None:
+    """Join the run's process group (torchrun's MASTER_ADDR/PORT rendezvous); nothing for a single process.
+
+    With CUDA present the group gets both backends ("cpu:gloo,cuda:nccl"): NCCL moves the gradients between
+    GPUs, gloo the small CPU-side messages (the stop flag, the broadcast config) without a GPU sync.
+    """
+    if not env.enabled or dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        if env.local_rank >= torch.cuda.device_count():
+            raise UserError(f"LOCAL_RANK={env.local_rank} but this machine has {torch.cuda.device_count()} "
+                            "CUDA device(s); lower torchrun --nproc_per_node")
+        torch.cuda.set_device(env.local_rank)  # NCCL and `cuda` tensors then mean this rank's own GPU
+        backend, device_id = "cpu:gloo,cuda:nccl", torch.device("cuda", env.local_rank)
+    else:
+        backend, device_id = "gloo", None
+    dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
+                            timeout=COLLECTIVE_TIMEOUT, device_id=device_id)
+    log.info("process group: rank %d of %d (%s)", env.rank, env.world_size, backend)
+
+
+def destroy_process_group() -> None:
+    """Leave the group (called in `finally`, so a failing run does not leave NCCL/gloo resources behind)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def process_group(env: DistEnv) -> Iterator[DistEnv]:
+    """`with process_group(env):` joins the group for the block and always leaves it."""
+    init_process_group(env)
+    try:
+        yield env
+    finally:
+        destroy_process_group()
+
+
+def barrier(env: DistEnv) -> None:
+    if env.enabled:
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's `obj` (any picklable value) on every rank. Only between the run's own processes."""
+    if not env.enabled:
+        return obj
+    box = [obj if env.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank if `flag` is true on any rank: the ranks decide together (to stop, to skip a step).
+
+    The flag travels as a CPU tensor (gloo): no device sync. It is a collective, so every rank must call it
+    at the same point of the loop.
+    """
+    if not env.enabled:
+        return flag
+    t = torch.tensor([int(flag)], dtype=torch.int32)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def mean_over_ranks(value: float, env: DistEnv) -> float:
+    """The average of a Python float over ranks (the same number on every rank afterwards)."""
+    if not env.enabled:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.item() / env.world_size
+
+
+@contextlib.contextmanager
+def main_process_first(env: DistEnv) -> Iterator[None]:
+    """Rank 0 runs the block first (e.g. tokenising into the shared cache); the others then reuse its work."""
+    if not env.is_main:
+        barrier(env)
+    yield
+    if env.is_main:
+        barrier(env)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+def wrap_model(model: nn.Module, strategy: str, env: DistEnv, device: torch.device) -> nn.Module:
+    """The module the training steps run through: `model` itself (one process), DDP around it, or `model`
+    sharded in place by FSDP2. Load weights into `model` before calling this; build the optimizer after it
+    (FSDP replaces the parameters by sharded DTensors)."""
+    if strategy not in STRATEGIES:
+        raise UserError(f"trainer.strategy={strategy!r} is not one of: {', '.join(STRATEGIES)}")
+    if not env.enabled:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        # DDP broadcasts rank 0's parameters and buffers here, so every rank starts from the same weights.
+        return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (env.world_size,))
+    # One FSDP unit per block: only one block's full weights exist at a time (plus the root's: embeddings,
+    # final norm and the head, which stay together because the head's weight is tied to the embedding).
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True for an FSDP2 module (its parameters are DTensor shards)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Inside `gradient_sync(model, False)` the backward pass keeps its gradients local.
+
+    With gradient accumulation only the last micro-batch's backward needs to average gradients across ranks;
+    the earlier ones just add into `.grad`. Skipping their all-reduce (DDP `no_sync`) or reduce-scatter
+    (FSDP2 `set_requires_gradient_sync`) saves n_micro - 1 rounds of communication per step, same result.
+    """
+    if enabled:
+        yield
+        return
+    if hasattr(model, "no_sync"):  # DDP
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:  # a single process: nothing to skip
+        yield
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight as a full CPU tensor, keyed by the plain module's names. A collective under FSDP: call it
+    on every rank; rank 0 gets the tensors, the others an empty dict."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state_dict(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state keyed by parameter *names* and gathered to full CPU tensors: the same for one
+    process, DDP and FSDP, so a checkpoint resumes under any strategy. A collective under FSDP (rank 0 gets
+    it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(model, optimizer, options=options)
+
+
+def load_optimizer_state_dict(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Inverse of `optimizer_state_dict`: every rank passes the full state and keeps its own shard of it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a possibly replicated DTensor (FSDP's gradient norm), for logging."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def min_positive_over_ranks(value: int, env: DistEnv) -> int:
+    """The smallest positive `value` over ranks, or 0 if no rank has one (e.g. the first step that failed)."""
+    if not env.enabled:
+        return value
+    t = torch.tensor([value if value > 0 else 2**62], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item()) if t.item() < 2**62 else 0
+
+
+def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
+    """The model as one ordinary module on rank 0, for checkpoints and samples: `model` itself, or under
+    FSDP a CPU copy built from the gathered shards (a collective: every rank calls it). Ranks > 0 get None."""
+    if not is_sharded(model):
+        return model if env.is_main else None
+    weights = full_state_dict(model)
+    if not env.is_main:
+        return None
+    from minigpt.model import build_model
+
+    whole = build_model(model.config)
+    whole.load_state_dict(weights)
+    return whole
+
+
+def check_resume_world_size(saved: int, env: DistEnv, path: object) -> None:
+    """Refuse to resume a checkpoint written by another number of processes: every rank's position in its own
+    data stream is part of the saved state, and tokens per step scale with the process count."""
+    if saved == env.world_size:
+        return
+    how = ("plain `python scripts/train.py`" if saved == 1
+           else f"`torchrun --nproc_per_node={saved} scripts/train.py ...` or `make train-ddp NPROC={saved}`")
+    raise UserError(f"checkpoint {path} was written by {saved} process(es) but this run has "
+                    f"{env.world_size}; resume it with {saved} (launch with {how})")
