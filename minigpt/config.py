@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from minigpt.data.config import DataConfig, TokenizerConfig
-from minigpt.errors import UserError, exit_with_error
+from minigpt.errors import UserError, exit_with_error, unwritable_path_message
 from minigpt.generation.config import GenerateConfig
 from minigpt.model.config import ModelConfig
 from minigpt.training.config import DeviceConfig, LoggingConfig, OptimConfig, TrainerConfig
@@ -101,7 +101,7 @@ def run_cli(main: Callable[[], object]) -> None:
     except OSError as e:
         if full_report:
             raise
-        exit_with_error(f"{e} (check the paths in your overrides, e.g. hydra.run.dir, and their permissions)")
+        exit_with_error(unwritable_path_message(e))
 
 
 def _first_line(e: BaseException) -> str:

@@ -28,8 +28,14 @@ def exit_with_error(message: str) -> NoReturn:
 F = TypeVar("F", bound=Callable[..., object])
 
 
+def unwritable_path_message(e: OSError) -> str:
+    """One line for a folder or file that cannot be created or written (read-only disk, a file in the way)."""
+    return (f"cannot write {e.filename or ''}: {e.strerror or e} "
+            "(choose a writable folder: hydra.run.dir=... or data.cache_dir=...)")
+
+
 def reports_user_errors(main: F) -> F:
-    """Make a script's main function end a `UserError` as one line and exit code 2.
+    """Make a script's main function end a `UserError` (or an unwritable path) as one line and exit code 2.
 
     Put it under `@hydra.main`: the error is handled inside Hydra's job, before Hydra would print
     a report of its own ("Error executing job with overrides ...") around it.
@@ -41,5 +47,7 @@ def reports_user_errors(main: F) -> F:
             return main(*args, **kwargs)
         except UserError as e:
             exit_with_error(str(e))
+        except OSError as e:  # e.g. a checkpoint or data folder on a read-only or full disk
+            exit_with_error(unwritable_path_message(e))
 
     return wrapper  # type: ignore[return-value]

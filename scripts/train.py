@@ -13,19 +13,16 @@ log files of their own.
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 import sys
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from minigpt.config import TrainConfig, register_configs, to_object
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.config import TrainConfig, register_configs, run_cli, to_object
+from minigpt.errors import UserError, exit_with_error, reports_user_errors
 from minigpt.training.distributed import DistEnv, broadcast_object, process_group
 
 register_configs()
@@ -35,18 +32,14 @@ if not OmegaConf.has_resolver("minigpt_suffix"):
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
+@reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.training.trainer import train  # after composition: `--help`/`--cfg` stay fast
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        config = to_object(cfg, TrainConfig)
-        _share_job((config, out_dir))
-        result = train(config, out_dir, env=ENV)
-    except UserError as e:
-        _fail(str(e))
-    except OSError as e:  # e.g. a checkpoint that cannot be written: disk full, read-only folder
-        _fail(_os_error(e))
+    config = to_object(cfg, TrainConfig)
+    _share_job((config, out_dir))
+    result = train(config, out_dir, env=ENV)
     if result.interrupted:
         print(f"stopped at step {result.step}; checkpoint: {result.checkpoint}")
         print(f"resume with:  {_resume_command(out_dir)}")
@@ -82,7 +75,7 @@ def _follow_rank0() -> None:
     try:
         train(job[0], job[1], env=ENV)
     except UserError as e:
-        _fail(f"[rank {ENV.rank}] {e}")
+        exit_with_error(f"[rank {ENV.rank}] {e}")
 
 
 def _resume_command(out_dir: Path) -> str:
@@ -92,39 +85,11 @@ def _resume_command(out_dir: Path) -> str:
     return " ".join([launcher, *map(shlex.quote, [*kept, "trainer.resume=auto", f"hydra.run.dir={out_dir}"])])
 
 
-def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(USER_ERROR_EXIT_CODE)
-
-
-def _os_error(e: OSError) -> str:
-    return (f"cannot write {e.filename or ''}: {e.strerror or e} "
-            "(choose a writable folder: hydra.run.dir=... or data.cache_dir=...)")
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
-
-
 def _run_rank0() -> None:
-    # Hydra prints config errors (a misspelled key, a bad value) as a multi-line report. Unless the user asks
-    # for that report (HYDRA_FULL_ERROR=1), let the exception reach us and print one line instead.
-    full_error = os.environ.get("HYDRA_FULL_ERROR") == "1"
-    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         if ENV.enabled and {"-m", "--multirun"} & set(sys.argv):
-            _fail("a Hydra multirun (-m) cannot run under torchrun; start one torchrun per setting")
-        main()
-    except (HydraException, OmegaConfBaseException) as e:
-        if full_error:
-            raise
-        cause = f": {_first_line(e.__cause__)}" if e.__cause__ is not None else ""
-        hint = "(`--cfg job` shows every key, `--info defaults` every file)"
-        _fail(f"{_first_line(e).rstrip('.')}{cause} {hint}")
-    except OSError as e:  # Hydra could not create the run folder
-        if full_error:
-            raise
-        _fail(_os_error(e))
+            exit_with_error("a Hydra multirun (-m) cannot run under torchrun; start one torchrun per setting")
+        run_cli(main)
     finally:
         _share_job(None)  # if rank 0 stopped before training, release the waiting ranks
 
@@ -133,7 +98,7 @@ if __name__ == "__main__":
     try:
         ENV = DistEnv.from_env()
     except UserError as e:
-        _fail(str(e))
+        exit_with_error(str(e))
     try:
         with process_group(ENV):
             _run_rank0() if ENV.is_main else _follow_rank0()
