@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from minigpt.errors import UserError
-from minigpt.generation.sampling import SamplingParams, validate_sampling
 from minigpt.training.config import DeviceConfig
+
+if TYPE_CHECKING:
+    from minigpt.generation.sampling import SamplingParams
 
 
 @dataclass
@@ -44,4 +47,18 @@ class GenerateConfig:
 
     def sampling(self, vocab_size: int | None = None) -> SamplingParams:
         """The sampling knobs; `vocab_size` (the tokenizer's) keeps padded model ids from being drawn."""
+        # Imported here, not at the top: this module is part of every script's config schema, and
+        # sampling needs torch, whose import costs seconds that `--help` or prepare_data should not pay.
+        from minigpt.generation.sampling import SamplingParams
+
         return SamplingParams(self.temperature, self.top_k, self.top_p, vocab_size)
+
+
+def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
+    """Raise a `UserError` for a knob outside its range (names use the YAML keys of generate.yaml)."""
+    if not temperature >= 0.0:  # also rejects NaN
+        raise UserError(f"temperature={temperature} must be >= 0 (0 means greedy decoding)")
+    if top_k < 0:
+        raise UserError(f"top_k={top_k} must be >= 0 (0 turns the top-k filter off)")
+    if not 0.0 < top_p <= 1.0:
+        raise UserError(f"top_p={top_p} must be in (0, 1] (1 turns the nucleus filter off)")

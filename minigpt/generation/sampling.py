@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minigpt.errors import UserError
+from minigpt.generation.config import validate_sampling
 
 
 @dataclass(frozen=True)
@@ -44,16 +44,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise a `UserError` for a knob outside its range (names use the YAML keys of generate.yaml)."""
-    if not temperature >= 0.0:  # also rejects NaN
-        raise UserError(f"temperature={temperature} must be >= 0 (0 means greedy decoding)")
-    if top_k < 0:
-        raise UserError(f"top_k={top_k} must be >= 0 (0 turns the top-k filter off)")
-    if not 0.0 < top_p <= 1.0:
-        raise UserError(f"top_p={top_p} must be in (0, 1] (1 turns the nucleus filter off)")
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
