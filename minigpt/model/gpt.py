@@ -18,8 +18,10 @@ from torch import nn
 
 from minigpt.generation.kv_cache import KVCache
 from minigpt.model.block import Block
+from minigpt.model.chunked_loss import linear_cross_entropy
 from minigpt.model.config import ModelConfig
 from minigpt.model.embedding import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from minigpt.model.linear import Linear
 from minigpt.model.norm import build_norm
 from minigpt.model.rope import RotaryEmbedding
 
@@ -50,7 +52,8 @@ class GPT(nn.Module):
             self.transformer["ln_f"] = build_norm(config.norm, C, config.norm_eps, config.bias)
         else:
             self.transformer["ln_f"] = nn.Identity()
-        self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
+        # nn.Linear with a faster layout for CPU decoding (linear.py); same parameter, same arithmetic
+        self.lm_head = Linear(C, config.vocab_size, bias=False)
         # The original Transformer scales token embeddings by √C when adding the fixed sinusoidal
         # table: at init std 0.02 they would otherwise be ~35x smaller than the PE (RMS 1/√2).
         self.emb_scale = math.sqrt(C) if config.pos_encoding == "sinusoidal" else 1.0
@@ -81,7 +84,8 @@ class GPT(nn.Module):
         *,
         kv_cache: KVCache | None = None,
         last_only: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """idx (B, T) -> logits (B, T, V), or (B, 1, V) with last_only; loss (mean cross-entropy over
         targets (B, T), -1 = ignore) or None.
 
@@ -89,6 +93,10 @@ class GPT(nn.Module):
         it, and the cache is advanced by T at the end: prefill with the prompt, then decode one token
         per call. last_only projects only the last position through lm_head: sampling needs nothing
         else, and the (B, T, V) logits are the largest tensor of a prefill.
+
+        return_logits=False (with targets) is for callers that want the loss alone, like the trainer: the
+        head and the loss are then fused and computed chunk by chunk (chunked_loss.py), the (B, T, V)
+        logits never exist, and None is returned in their place. Under autocast the plain path runs.
         """
         B, T = idx.shape
         if last_only and targets is not None:
@@ -124,6 +132,8 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
+        if targets is not None and not return_logits and not torch.is_autocast_enabled(x.device.type):
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         logits = self.lm_head(x)  # (B, T, V) or (B, 1, V)

@@ -35,7 +35,7 @@ def accumulate_gradients(
         x, y = next_batch()  # (B, T), (B, T)
         with distributed.gradient_sync(model, enabled=i == n_micro - 1):
             with runtime.autocast():
-                _, loss = model(x, y)
+                _, loss = model(x, y, return_logits=False)  # the loss alone: fused with the head (gpt.py)
             loss = loss / n_micro
             scaler.scale(loss).backward()
         loss_sum += loss.detach()

@@ -1,0 +1,7 @@
+"""Benchmarks: measured speed of training, generation, attention and data preparation.
+
+One concept per file: timing.py (interleaved repeats, medians, peak memory), peak.py (the MFU
+denominator), reference.py (Hugging Face GPT-2 with the same weights), train_step.py,
+generation.py, attention.py, data.py, suite.py (which sections, what sizes), report.py (table, JSON).
+`scripts/bench.py` is the command; tests check the harness's correctness, never its timings.
+"""

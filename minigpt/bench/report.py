@@ -1,0 +1,131 @@
+"""The bench's output: a plain-text table for people, and the same numbers as JSON for tools.
+
+Times are medians with [min-max] of the repeats; speed-ups are ratios measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from minigpt.bench.attention import BACKENDS
+
+
+def _mib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.0f} MiB"
+
+
+def _t(t: dict, unit: float = 1e3, suffix: str = "ms") -> str:
+    return f"{t['median'] * unit:.{2 if unit == 1 else 1}f} [{t['min'] * unit:.{2 if unit == 1 else 1}f}-" \
+        f"{t['max'] * unit:.{2 if unit == 1 else 1}f}]" + (f" {suffix}" if suffix else "")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
+
+
+def format_peak(p: dict) -> list[str]:
+    out = [f"Peak (square {p['n']}x{p['n']} matmuls, {p['threads']} threads, {p['device_name']}): "
+           f"fp32 {p['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {p['bf16_flops'] / 1e9:.1f} GFLOP/s"]
+    if p.get("datasheet_tflops"):
+        out.append(f"Datasheet dense bf16 peak: {p['datasheet_tflops']:.0f} TFLOP/s")
+    return out
+
+
+def format_train(name: str, r: dict) -> list[str]:
+    s = r["shape"]
+    head = (f"Training step {name}: {s['n_layer']} layers x {s['n_embd']} wide x {s['n_head']} heads, "
+            f"vocab {s['vocab_size']}, block {s['block_size']}, batch {s['batch_size']} "
+            f"({r['tokens_per_step']} tokens/step)")
+    rows = [[n, f"{c['tokens_per_s']:.0f}", _t(c["step_s"], 1, ""), f"{c['mfu'] * 100:.0f}%",
+             _mib(c["peak_mem_bytes"]), f"{c.get('speedup_vs_reference', float('nan')):.2f}x",
+             "-" if c.get("compile_s") is None else f"{c['compile_s']:.0f} s"]
+            for n, c in r["contenders"].items()]
+    notes = [f"  {n}" for n in r.get("notes", [])]
+    header = ["contender", "tokens/s", "step s", "MFU", "peak mem", "vs ref", "compile"]
+    return [head, *_table(header, rows), *notes]
+
+
+def format_generation(r: dict) -> list[str]:
+    s = r["shape"]
+    out = [f"Generation: {s['n_layer']} layers x {s['n_embd']} wide, vocab {s['vocab_size']}, batch 1, "
+           f"{r['prompt_tokens']} prompt + {r['new_tokens']} new tokens, greedy"]
+    rows = [[n, f"{c['tokens_per_s']:.1f}", _t(c["time_s"], 1, ""), f"{c['vs_reference']:.2f}x",
+             f"{c['vs_minigpt_cached_fp32']:.2f}x"] for n, c in r["contenders"].items()]
+    out += _table(["contender", "tokens/s", "total s", "vs ref", "vs cached fp32"], rows)
+    lat = r["latency"]
+    positions = [k for k in next(iter(lat.values())) if not k.startswith("ratio")]
+    rows = [[n] + [_t(v[p]) for p in positions] + [f"{v[k]:.2f}" for k in v if k.startswith("ratio")]
+            for n, v in lat.items()]
+    out += ["Per-token decode latency (forward + argmax) by tokens in the cache:"]
+    out += _table(["contender", *[f"~{p}" for p in positions], f"~{positions[-1]} / ~{positions[0]}"], rows)
+    pf = r["prefill"]
+    out.append(f"Prefill of {pf['tokens']} tokens: minigpt {_t(pf['minigpt fp32'])}, "
+               f"reference {_t(pf['reference fp32'])}")
+    out.append(f"Greedy tokens equal to the reference: {r['greedy_tokens_equal_reference']}/{r['new_tokens']}"
+               + (f"; bf16 equal to fp32: {r['bf16_greedy_tokens_equal_fp32']}/{r['new_tokens']}"
+                  if "bf16_greedy_tokens_equal_fp32" in r else "")
+               + f"; extra memory of a cached generation: {_mib(r['peak_mem_bytes'])}")
+    return out
+
+
+def format_attention(r: dict) -> list[str]:
+    out = [f"Attention forward (causal, batch {r['batch']}, {r['heads']} head(s), head size {r['head_dim']}, "
+           f"online block {r['online_block_size']}): time, extra peak memory"]
+    rows = []
+    for t, row in r["lengths"].items():
+        cells = [f"{_t(row[b]['time_s'])}, {_mib(row[b]['peak_mem_bytes'])}" for b in BACKENDS]
+        rows.append([t, _mib(row["scores_bytes"]), *cells])
+    return out + _table(["T", "(T,T) fp32", *BACKENDS], rows)
+
+
+def format_data(r: dict) -> list[str]:
+    phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases_s"].items() if k != "total")
+    return [f"Data: prepare {r['corpus']} with {r['tokenizer']} from scratch in {r['prepare_s']:.1f} s "
+            f"({phases}); {r['tokens'].get('train', 0):,} train tokens; "
+            f"encode {r['encode_mb_per_s']:.2f} MB/s (one call per document), "
+            f"{r['encode_batch_mb_per_s']:.2f} MB/s (threaded batch)"]
+
+
+def format_train_loop(r: dict) -> list[str]:
+    s = r["shape"]
+    mem = f", peak memory {_mib(r['peak_mem_bytes'])}" if r.get("peak_mem_bytes") else ""
+    return [f"Training loop: {s['n_layer']} layers x {s['n_embd']} wide, vocab {s['vocab_size']}, block "
+            f"{s['block_size']}, batch {r['batch_size']}, {r['dtype']}, compile {r['compile']}, "
+            f"{r['attention']} attention: "
+            f"{r['tokens_per_s']:,.0f} tokens/s over {r['steps']} steps ({r['step_s'] * 1e3:.1f} ms/step, "
+            f"warm-up {r['warmup_s']:.1f} s), MFU {r['mfu'] * 100:.1f}% of the {r['peak_source']} peak "
+            f"{r['peak_flops'] / 1e9:,.0f} GFLOP/s{mem}; loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"]
+
+
+def format_report(results: dict) -> str:
+    """The whole report as text; sections missing from `results` are skipped."""
+    m = results["machine"]
+    lines = [f"minigpt bench — {m['device']}, {m['threads']} threads, torch {m['torch']}, "
+             f"{'quick' if m['quick'] else 'full'} run in {m.get('wall_s', 0):.0f} s"]
+    sections = dict(results["sections"])
+    for name, r in list(sections.items()):
+        if "error" in r:
+            lines += ["", f"{name}: FAILED ({r['error']})"]
+            del sections[name]
+    if "peak" in sections:
+        lines += ["", *format_peak(sections["peak"])]
+    for name in ("train_S", "train_M"):
+        if name in sections:
+            lines += ["", *format_train(name.removeprefix("train_"), sections[name])]
+    if "generation" in sections:
+        lines += ["", *format_generation(sections["generation"])]
+    if "attention" in sections:
+        lines += ["", *format_attention(sections["attention"])]
+    if "data" in sections:
+        lines += ["", *format_data(sections["data"])]
+    if "train_loop" in sections:
+        lines += ["", *format_train_loop(sections["train_loop"])]
+    return "\n".join(lines)
+
+
+def write_json(results: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")

@@ -1,0 +1,148 @@
+"""Timing and memory measurement: interleaved repeats, robust summaries, peak memory.
+
+Two contenders timed one after the other (A A A ... B B B ...) see different machines: a
+neighbour's job, a frequency change or a warm cache favours whoever ran at that moment. Timing
+them interleaved (A B A B ...) spreads such drift over both, and ratios measured in one run are
+what the benchmark reports. Each contender gets warm-up calls first (allocator, lazy kernels,
+autotuning), then `repeats` timed calls; the summary is the median (robust to the odd stall)
+with the min and max beside it, so the spread is visible.
+
+Peak memory: on CUDA, torch's max-allocated counter (reset before each measured call). On CPU,
+the process's resident-set high-water mark (VmHWM), reset through /proc/self/clear_refs on
+Linux, minus the resident size before the call: the extra memory the call touched. glibc's malloc
+would serve a tensor from memory an earlier tensor freed (already resident: invisible to VmHWM), so
+freed heap pages are handed back first (`malloc_trim`) and during the measured call every allocation
+above 16 KiB is made a fresh mmap (`mallopt`), whose pages count when touched and leave when freed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class Timing:
+    """Summary of repeated wall-clock measurements, in seconds."""
+
+    median: float
+    min: float
+    max: float
+    repeats: int
+
+    @classmethod
+    def from_samples(cls, samples: list[float]) -> Timing:
+        if not samples:
+            raise ValueError("no samples to summarise")
+        return cls(statistics.median(samples), min(samples), max(samples), len(samples))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Wait for queued GPU work, so the clock measures the work and not its launch."""
+    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
+        torch.cuda.synchronize()
+
+
+def time_call(fn: Callable[[], object], device: torch.device | str | None = None) -> float:
+    """Seconds one call of `fn` takes, device work included."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def interleave(
+    contenders: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    device: torch.device | str | None = None,
+) -> dict[str, Timing]:
+    """Time every contender `repeats` times in rounds (A B C, A B C, ...) after `warmup` untimed rounds."""
+    for _ in range(warmup):
+        for fn in contenders.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            samples[name].append(time_call(fn, device))
+    return {name: Timing.from_samples(s) for name, s in samples.items()}
+
+
+# ---------------------------------------------------------------------------------------------- memory
+
+_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in _STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_rss_peak() -> bool:
+    """Reset VmHWM to the current RSS ("5" in clear_refs, Linux >= 4.0); False where unsupported."""
+    try:
+        _CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (malloc.h)
+_MEASURE_MMAP_BYTES = 16 * 1024
+_NORMAL_MMAP_BYTES = 32 * 1024 * 1024  # glibc's own ceiling for its adaptive threshold on 64-bit
+
+
+def _libc_call(name: str, *args: int) -> bool:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(getattr(libc, name)(*args))
+    except (OSError, AttributeError):  # not glibc: measure without it
+        return False
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str | None = None) -> int | None:
+    """Extra memory one call of `fn` needs at its peak, in bytes; None where it cannot be measured.
+
+    CUDA: max allocated during the call minus allocated before it. CPU: resident-set high-water
+    mark during the call minus the resident size before it (memory freed and reused inside the
+    call counts once, memory already resident counts zero).
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    _libc_call("malloc_trim", 0)  # hand freed heap pages back, so reusing them counts again
+    _libc_call("mallopt", _M_MMAP_THRESHOLD, _MEASURE_MMAP_BYTES)
+    try:
+        if not _reset_rss_peak():
+            return None
+        before = _status_kib("VmRSS")
+        fn()
+        peak = _status_kib("VmHWM")
+    finally:
+        # a fixed threshold at glibc's adaptive ceiling: what a warmed-up process runs with anyway
+        _libc_call("mallopt", _M_MMAP_THRESHOLD, _NORMAL_MMAP_BYTES)
+        _libc_call("mallopt", _M_TRIM_THRESHOLD, 2 * _NORMAL_MMAP_BYTES)
+    if before is None or peak is None:
+        return None
+    return max(0, peak - before) * 1024

@@ -1,0 +1,52 @@
+"""The bench's measurement helpers: summaries, interleaving order, peak memory, section selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minigpt.bench.suite import select_sections, train_contenders
+from minigpt.bench.timing import Timing, interleave, peak_memory_bytes
+from minigpt.errors import UserError
+
+
+def test_timing_summary_is_median_min_max() -> None:
+    t = Timing.from_samples([3.0, 1.0, 10.0, 2.0])
+    assert (t.median, t.min, t.max, t.repeats) == (2.5, 1.0, 10.0, 4)  # even count: mean of the middle two
+    assert Timing.from_samples([5.0, 1.0, 4.0]).median == 4.0
+    with pytest.raises(ValueError):
+        Timing.from_samples([])
+
+
+def test_interleave_alternates_contenders_after_warmup() -> None:
+    calls: list[str] = []
+    result = interleave({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=2)
+    assert calls == ["a", "b"] * 5  # 2 warm-up rounds + 3 timed rounds, A B A B ...
+    assert result["a"].repeats == result["b"].repeats == 3
+    assert 0.0 <= result["a"].min <= result["a"].median <= result["a"].max
+
+
+def test_peak_memory_sees_a_large_temporary() -> None:
+    n = 16 * 2**20  # 64 MiB of float32, freed before the call returns
+    extra = peak_memory_bytes(lambda: torch.ones(n).sum())
+    if extra is None:
+        pytest.skip("resident-set high-water mark not available on this OS")
+    assert 60 * 2**20 <= extra < 200 * 2**20
+    small = peak_memory_bytes(lambda: torch.ones(16).sum())
+    assert small < 16 * 2**20
+
+
+def test_sections_expand_aliases_and_reject_unknown_names() -> None:
+    assert select_sections(["data", "train"]) == ["train_S", "train_M", "data"]  # suite order
+    assert select_sections(None)[0] == "peak"
+    with pytest.raises(UserError, match="--only 'trian'"):
+        select_sections(["trian"])
+
+
+def test_bf16_contenders_only_where_bf16_matmuls_are_fast() -> None:
+    slow = {"fp32_flops": 100e9, "bf16_flops": 2e9}
+    names, notes = train_contenders(slow, quick=False, compile_=False)
+    assert names == ("minigpt fp32 simple", "minigpt fp32", "reference fp32") and "bf16" in notes[0]
+    fast = {"fp32_flops": 100e9, "bf16_flops": 300e9}
+    names, _ = train_contenders(fast, quick=False, compile_=True)
+    assert {"minigpt bf16", "minigpt compile fp32", "minigpt compile bf16"} <= set(names)
