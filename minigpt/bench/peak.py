@@ -17,7 +17,7 @@ import time
 import torch
 
 from minigpt.bench.timing import synchronize
-from minigpt.training.device import _GPU_PEAK_TFLOPS as GPU_PEAK_TFLOPS
+from minigpt.training.device import GPU_PEAK_TFLOPS
 
 
 def matmul_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float = 0.5) -> float:

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # Dense bf16/fp16 tensor-core peaks (TFLOP/s, no sparsity) for MFU, matched against the device name.
-_GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
+GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
                     "RTX 4090": 165.0, "RTX 3090": 71.0, "V100": 125.0, "T4": 65.0}
 
 
@@ -120,8 +120,8 @@ def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
         if device.type == "cuda":
             # bf16 needs Ampere or newer; older GPUs get fp16 with loss scaling.
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        # CPU and MPS: float32. On CPU, bf16 autocast measured 3-5x slower than float32 for the tiny model
-        # (eager and compiled alike): the casts around every small matmul cost more than bf16 saves.
+        # CPU and MPS: float32. On this project's 2-core CPU (AVX2, no bf16 units) bf16 matmuls run at about
+        # 1 GFLOP/s against 140 for fp32 (`make bench`), so bf16 autocast made training 3-100x slower.
         return torch.float32
     dtype = _DTYPES[name]
     if dtype == torch.float16 and device.type == "cpu":
@@ -135,7 +135,7 @@ def peak_flops(cfg: DeviceConfig, runtime: Runtime) -> float:
         return cfg.peak_tflops * 1e12
     if runtime.type == "cuda":
         name = torch.cuda.get_device_name(runtime.device)
-        for key, tflops in _GPU_PEAK_TFLOPS.items():
+        for key, tflops in GPU_PEAK_TFLOPS.items():
             if key in name:
                 return tflops * 1e12
     return _measure_matmul_flops(runtime)
