@@ -15,10 +15,9 @@ A pure file tool, so plain arguments rather than Hydra; bad input: one line on s
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.errors import UserError, exit_with_error
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             print(f"imported to {import_to_checkpoint(args.source, args.dest, args.tokenizer)}")
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        exit_with_error(str(e))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,9 @@ rather than Hydra; bad input ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.errors import UserError, exit_with_error
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         title = args.title or (" ".join(shared) if shared else "")
         print(f"loss curves of {len(runs)} run(s): {save_png(plot_loss_curves(runs, title), args.out)}")
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        exit_with_error(str(e))
 
 
 if __name__ == "__main__":

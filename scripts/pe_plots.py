@@ -9,10 +9,9 @@ flags rather than Hydra; bad input ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.errors import UserError, exit_with_error
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -36,8 +35,7 @@ def main(argv: list[str] | None = None) -> None:
         fig = plot_positional_encodings(args.dim, args.positions, args.head_dim, tuple(args.starts))
         print(f"positional encodings: {save_png(fig, args.out)}")
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(USER_ERROR_EXIT_CODE)
+        exit_with_error(str(e))
 
 
 if __name__ == "__main__":
