@@ -47,7 +47,7 @@ def expected_split_text(meta: dict, split: str, corpus: Path) -> str:
 @pytest.mark.parametrize(("kind", "vocab"), [("bpe", 300), ("char", 0), ("byte", 0)])
 def test_bins_decode_to_the_exact_corpus(tmp_path: Path, kind: str, vocab: int) -> None:
     corpus = make_corpus(tmp_path / "corpus")
-    tok_cfg = TokenizerConfig(kind=kind, vocab_size=vocab or 4096)
+    tok_cfg = TokenizerConfig(kind=kind, vocab_size=vocab or None)
     prepared = prepare_dataset(text_cfg(corpus), tok_cfg, tmp_path / "cache", progress=False)
     meta = prepared.meta
     assert prepared.dir.name.startswith(f"text-{kind}-") and prepared.dir.parent == tmp_path / "cache"

@@ -139,7 +139,7 @@ def _fingerprint(corpus: Corpus, tokenizer_cfg: TokenizerConfig) -> str:
     h = hashlib.sha256()
     settings: dict[str, Any] = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_cfg.kind}
     if tokenizer_cfg.kind == "bpe":
-        settings |= {"vocab_size": tokenizer_cfg.vocab_size, "train_chars": tokenizer_cfg.train_chars}
+        settings |= {"vocab_size": tokenizer_cfg.bpe_vocab_size, "train_chars": tokenizer_cfg.train_chars}
     h.update(json.dumps(settings, sort_keys=True).encode())
     for split, docs in (("train", corpus.train), ("val", corpus.val)):
         for doc in docs:
