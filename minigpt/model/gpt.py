@@ -94,11 +94,14 @@ class GPT(nn.Module):
 
         return_logits=False (with targets) is for callers that want the loss alone, like the trainer: the
         head and the loss are then fused and computed chunk by chunk (chunked_loss.py), the (B, T, V)
-        logits never exist, and None is returned in their place. Under autocast the plain path runs.
+        logits never exist, and None is returned in their place; in float32 and under bf16/fp16 autocast
+        alike (the chunk's matmuls in the autocast dtype, the softmax and the loss in float32).
         """
         B, T = idx.shape
         if last_only and targets is not None:
             raise ValueError("last_only=True computes no loss; pass targets=None")
+        if not return_logits and targets is None:
+            raise ValueError("return_logits=False returns the loss alone; pass targets")
         mask, is_causal = None, True
         if kv_cache is None:
             if idx.shape[1] > self.config.block_size:
@@ -130,7 +133,7 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
-        if targets is not None and not return_logits and not torch.is_autocast_enabled(x.device.type):
+        if not return_logits:
             return None, linear_cross_entropy(x, self.lm_head.weight, targets)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
