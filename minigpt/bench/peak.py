@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from minigpt.device.runtime import datasheet_tflops, measure_matmul_flops
+from minigpt.device.probe import measure_matmul_flops
+from minigpt.device.runtime import datasheet_tflops
 
 
 def bench_peak(device: torch.device, quick: bool = False) -> dict:
