@@ -4,6 +4,7 @@ virtualised, frequency-scaled cores, and bf16 units some CPUs have and others em
     synchronize             wait for queued device work, so a clock measures the work and not its launch
     measure_matmul_flops    best FLOP/s of square matmuls in a dtype: the denominator of MFU
     measure_read_bandwidth  best bytes/s of reading a buffer larger than the caches: the denominator of MBU
+    in_out_layout_speedup   whether a decode step's one-row products run faster on weights stored (in, out)
     cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
                             `runtime.choose_cpu_dtype` decides the autocast dtype from it
 """
@@ -23,9 +24,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-# The probe's size: (256 x 256) @ (256 x 256) is large enough for the bf16 kernels (AMX tiles, AVX-512 BF16) to
-# reach most of their rate, and small enough that a CPU which emulates bf16 (~1 GFLOP/s) spends ~35 ms per
-# call: the whole probe stays under half a second on any machine.
+# The probe's size: (256 x 256) @ (256 x 256) is large enough for the bf16 kernels (AMX tiles, AVX-512 BF16)
+# to reach most of their rate, and small enough that a CPU which emulates bf16 (~1 GFLOP/s) spends ~35 ms
+# per call: the whole probe stays under half a second on any machine.
 PROBE_N = 256
 PROBE_SECONDS = 0.1  # per dtype, after one warm-up call
 CACHE_FILE = "device_probe.json"  # in the data cache folder (see `cpu_matmul_probe`)
@@ -57,14 +58,14 @@ def measure_matmul_flops(n: int, dtype: torch.dtype, device: torch.device, secon
 def measure_read_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, seconds: float = 0.5) -> float:
     """Best bytes/s of reading an `nbytes` float32 buffer once (far larger than a CPU's last-level cache).
 
-    Two readers, the faster counts: a sum, and a one-row product against the buffer laid out as a matrix (the
-    very access of a decode step reading a weight). A decode step's MBU against this says how close it comes to
-    just streaming its weights and KV cache from memory.
+    Two readers, the faster counts: a sum, and a one-row product against the buffer laid out as a matrix
+    (the very access of a decode step reading a weight). A decode step's MBU against this says how close it
+    comes to just streaming its weights and KV cache from memory.
     """
-    gen = torch.Generator().manual_seed(0)
-    buf = torch.randn(nbytes // 4, generator=gen).to(device)  # (n,)
+    # constant values: a read costs the same whatever it reads, and no RNG (nor a CPU-side copy) is involved
+    buf = torch.full((nbytes // 4,), 0.5, device=device)  # (n,)
     mat = buf.view(-1, 1024)  # (n / 1024, 1024): read row after row by the product below
-    row = torch.randn(1, mat.shape[0], generator=gen).to(device)  # (1, n / 1024)
+    row = torch.full((1, mat.shape[0]), 0.5, device=device)  # (1, n / 1024)
     out = torch.empty(1, 1024, device=device)
     readers = (lambda: buf.sum(), lambda: torch.mm(row, mat, out=out))
     best = 0.0
@@ -75,7 +76,7 @@ def measure_read_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, seco
 
 
 def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
-    """Best `work` per second of `fn`, timing batches that double until a batch lasts 50 ms, until `seconds`."""
+    """Best `work` per second of `fn`: batches of calls, doubled until one lasts 50 ms, for `seconds`."""
     best, deadline, calls = 0.0, time.perf_counter() + seconds, 1
     while True:
         synchronize(device)
@@ -89,6 +90,24 @@ def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
             return best
         if elapsed < 0.05:  # too short to time reliably: make the batch bigger
             calls *= 2
+
+
+def in_out_layout_speedup(weight: torch.Tensor, repeats: int = 5) -> float:
+    """How much faster a one-row product x W^T (a decode step's work) runs with the (out, in) weight W stored
+    (in, out) in memory than as stored by nn.Linear: the ratio of the best times, the layouts interleaved."""
+    w = weight.detach()
+    layouts = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
+    x = torch.ones(1, w.shape[1], dtype=w.dtype, device=w.device)  # (1, in)
+    best = dict.fromkeys(layouts, float("inf"))
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for name, m in layouts.items():
+            synchronize(w.device)
+            start = time.perf_counter()
+            x @ m.t()  # (1, out)
+            synchronize(w.device)
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["out_in"] / best["in_out"]
 
 
 @dataclass(frozen=True)
@@ -138,9 +157,9 @@ def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
         except TypeError:
             pass  # an entry of another layout: measure again
     cpu, threads = torch.device("cpu"), torch.get_num_threads()
-    # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting for
-    # a sibling thread the OS has descheduled (on a busy 2-core machine that made 2-thread fp32 read 0.7 GFLOP/s
-    # instead of 140, close enough to emulated bf16 to pick it).
+    # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting
+    # for a sibling thread the OS has descheduled (on a busy 2-core machine that made 2-thread fp32 read
+    # 0.7 GFLOP/s instead of 140, close enough to emulated bf16 to pick it).
     torch.set_num_threads(1)
     try:
         probe = MatmulProbe(

@@ -144,26 +144,32 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def prepare_for_inference(self) -> GPT:
-        """Switch to eval mode and, for float32 on a CPU, store every linear weight transposed in memory.
+    def prepare_for_inference(self, in_out_layout: bool | None = None) -> GPT:
+        """Switch to eval mode and, with in_out_layout, store every linear weight transposed in memory.
 
         nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
-        step that product streams the whole weight from memory, and MKL streams a transposed operand about
-        half as fast as a plain one: measured on one core for the (50304, 384) head of `make bench`'s
-        generation shape, 8.2 ms per token against 3.0 ms with the weight laid out (in, out). So each weight
-        keeps its shape, values and name and only changes its memory layout (`w.t().contiguous().t()`); the
-        same nn.Linear runs, with the same arithmetic up to summation order. Training afterwards still
-        computes the right gradients, slowly: call this on a model that will only be sampled or scored.
-        The tied embedding table shares the head's matrix and so its layout; a lookup reads C strided
-        values per token, which costs nothing next to the head.
+        step that product streams the whole weight from memory, and how fast depends on the layout, the dtype
+        and the CPU: measured on one core for the (50304, 384) head of `make bench`'s generation shape (AVX2),
+        float32 ran 8.2 ms per token as stored and 3.0 ms laid out (in, out), bfloat16 13 ms as stored and 42
+        ms laid out (in, out). So the caller decides, best by measuring (generation/cli.py does); None: (in,
+        out) for float32 on a CPU, as stored otherwise. Each weight keeps its shape, values and name and only
+        changes its memory layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same
+        arithmetic up to summation order. Training afterwards still computes the right gradients, slowly: call
+        this on a model that will only be sampled or scored. The tied embedding table shares the head's matrix
+        and so its layout; a lookup reads C strided values per token, which costs nothing next to the head.
         """
         self.eval()
         weight = self.lm_head.weight
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            for module in self.modules():
-                if isinstance(module, nn.Linear) and module.weight.is_contiguous():
-                    # still (out, in), now with strides (1, out): (in, out) in memory
-                    module.weight.data = module.weight.data.t().contiguous().t()
+        if in_out_layout is None:
+            in_out_layout = weight.device.type == "cpu" and weight.dtype == torch.float32
+        for module in self.modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            w = module.weight.data
+            if in_out_layout and w.is_contiguous():
+                module.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
+            elif not in_out_layout and not w.is_contiguous():
+                module.weight.data = w.contiguous()  # back to nn.Linear's own layout
         return self
 
     @torch.no_grad()
