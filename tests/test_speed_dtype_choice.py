@@ -1,7 +1,8 @@
 """device.dtype=auto on a CPU: chosen from a measured matmul probe (device/probe.py), never assumed.
 
-The choice is tested with the probe's result injected, both ways; nothing here depends on how fast this machine
-is. The cache (one JSON per data cache folder, keyed by machine) is tested with a counting fake measurement.
+The choice is tested with the probe's result injected, both ways; nothing here depends on how fast this
+machine is. The cache (one JSON per data cache folder, keyed by machine) is tested with a counting fake
+measurement.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def counting_measure(monkeypatch):
     return calls
 
 
-def test_the_probe_is_measured_once_per_machine_and_then_read_from_the_cache(tmp_path, counting_measure) -> None:
+def test_the_probe_is_measured_once_per_machine_and_then_read_from_the_cache(tmp_path, counting_measure):
     first = cpu_matmul_probe(tmp_path)
     assert first.source == "measured" and counting_measure == [torch.float32, torch.bfloat16]
     stored = json.loads((tmp_path / "device_probe.json").read_text())

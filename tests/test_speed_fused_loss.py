@@ -140,3 +140,63 @@ def test_the_function_computes_in_the_dtype_it_is_given() -> None:
     with _Recorder() as rec:
         LinearCrossEntropy.apply(x, w, t, 16, False, torch.bfloat16)
     assert all(d == [torch.bfloat16, torch.bfloat16] for name, d, _ in rec.ops if name == "mm")
+
+
+# ------------------------------------------------------------------------------------------------ CUDA
+# Skipped without a GPU; scripts/device_check.sh runs them (`pytest -m cuda`). The truth is computed on the
+# CPU in float64 from the same tensors.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_fused_loss_under_autocast_is_as_accurate_as_the_plain_loss(dtype: torch.dtype) -> None:
+    x, w, t = _data(n=2048, c=64, v=1000)
+    exact = F.cross_entropy(x.double() @ w.double().t(), t, ignore_index=-1)
+    exact_grads = torch.autograd.grad(exact, (x, w))
+    xc, wc = (a.detach().cuda().requires_grad_() for a in (x, w))
+    tc = t.cuda()
+    with torch.autocast("cuda", dtype=dtype):
+        plain = F.cross_entropy(xc @ wc.t(), tc, ignore_index=-1)
+        fused = linear_cross_entropy(xc, wc, tc, chunk_rows=500)
+    plain_grads = torch.autograd.grad(plain, (xc, wc))
+    fused_grads = torch.autograd.grad(fused, (xc, wc))
+    eps = UNIT_ROUNDOFF[dtype]
+    assert abs(fused.item() - exact.item()) <= 1.25 * abs(plain.item() - exact.item()) + eps
+    for name, f, p, e in zip(("x", "W"), fused_grads, plain_grads, exact_grads, strict=True):
+        assert _rel(f.cpu(), e) <= 1.25 * _rel(p.cpu(), e) + eps, name
+        assert _rel(f.cpu(), e) <= 8 * eps, name
+
+
+def _cuda_model_step(model, x, y, dtype, fused: bool, scaler: torch.amp.GradScaler) -> torch.Tensor:
+    with torch.autocast("cuda", dtype=dtype):
+        _, loss = model(x, y, return_logits=False) if fused else model(x, y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))  # the true gradients, as the trainer clips
+    return loss
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_model_fused_training_forward_under_autocast_with_the_trainers_scaler(dtype) -> None:
+    # float16 runs with GradScaler (as Runtime.grad_scaler gives it): the fused gradients, computed in the
+    # forward pass, are scaled by backward like any other and come back unscaled and finite
+    model = _tiny()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 61, (8, 16), generator=g), torch.randint(0, 61, (8, 16), generator=g)
+    exact_model = copy.deepcopy(model).double()
+    exact_model(x, y)[1].backward()
+    errors = {}
+    for fused in (False, True):
+        m = copy.deepcopy(model).cuda()
+        scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
+        loss = _cuda_model_step(m, x.cuda(), y.cuda(), dtype, fused, scaler)
+        assert torch.isfinite(loss)
+        grads = dict(m.named_parameters())
+        errors[fused] = {n: _rel(grads[n].grad.cpu(), p.grad) for n, p in exact_model.named_parameters()}
+    for name, fused_err in errors[True].items():
+        plain_err = errors[False][name]
+        assert fused_err <= 1.25 * plain_err + UNIT_ROUNDOFF[dtype], (name, fused_err, plain_err)

@@ -168,8 +168,9 @@ def _pick_dtype(name: str, device: torch.device, probe: Callable[[], MatmulProbe
                 return torch.bfloat16, "auto: the GPU has bf16"
             return torch.float16, "auto: the GPU has no bf16, so fp16 with loss scaling"
         if device.type == "cpu":
-            # Some CPUs compute bf16 natively (AMX, AVX512-BF16) at twice the fp32 rate or more; others emulate
-            # it at ~1 GFLOP/s (this project's AVX2 machine: 100x slower than fp32). Only a measurement tells.
+            # Some CPUs compute bf16 natively (AMX, AVX512-BF16) at twice the fp32 rate or more; others
+            # emulate it at ~1 GFLOP/s (this project's AVX2 machine: 100x slower than fp32). Only a
+            # measurement tells.
             return choose_cpu_dtype(probe())
         return torch.float32, "auto: float32 on MPS"  # autocast on MPS gains little for models this small
     dtype = _DTYPES[name]
