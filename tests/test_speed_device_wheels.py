@@ -3,9 +3,9 @@ lacks.
 
 The image (issue 16) has torch, tiktoken, safetensors, tensorboard, transformers, matplotlib, tqdm and pytest
 (and their own requirements: numpy, PyYAML, packaging). Every runtime dependency of minigpt must be there or
-in the Makefile's DEVICE_PACKAGES; and where .whl/ has been filled, it must install into an empty --target with
-no index, for the device's Python 3.12 on manylinux x86-64 (checked with pip's --python-version/--platform, so
-no 3.12 interpreter is needed here).
+in the Makefile's DEVICE_PACKAGES; and where .whl/ has been filled, it must install into an empty --target
+with no index, for the device's Python 3.12 on manylinux x86-64 (checked with pip's --python-version and
+--platform, so no 3.12 interpreter is needed here).
 """
 
 from __future__ import annotations
