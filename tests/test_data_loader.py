@@ -71,7 +71,8 @@ def test_window_starts_are_uniform_over_the_whole_stream(tmp_path: Path) -> None
     split = write_split(tmp_path, tokens, shard_tokens=6)
     where = {int(t): i for i, t in enumerate(tokens)}
     loader = BatchLoader(split, T, 500, seed=1)
-    counts = np.bincount([where[int(v)] for _ in range(20) for v in loader.next_batch()[0][:, 0]], minlength=18)
+    starts = [where[int(v)] for _ in range(20) for v in loader.next_batch()[0][:, 0]]
+    counts = np.bincount(starts, minlength=18)
     assert counts[10:].sum() == 0  # no start past N - T - 1 = 9: no window overruns the stream
     # 10,000 draws over 10 starts: each count is ~Binomial(10000, 0.1), sd 30; 5 sd either side.
     assert np.all(np.abs(counts[:10] - 1000) < 150), counts

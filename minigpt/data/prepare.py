@@ -109,12 +109,15 @@ def prepare_dataset(
         meta["timings_s"] |= {"collect": round(t_collect, 3), "total": round(time.perf_counter() - t0, 3)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
         stamp_now(tmp, meta)
-        _publish(tmp, final, data_cfg.verify)
+        won = _publish(tmp, final, data_cfg.verify)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("prepared %s: %d train + %d val tokens in %.1f s",
-             final, meta["tokens"]["train"], meta["tokens"]["val"], meta["timings_s"]["total"])
+    if won:
+        log.info("prepared %s: %d train + %d val tokens in %.1f s",
+                 final, meta["tokens"]["train"], meta["tokens"]["val"], meta["timings_s"]["total"])
+    else:
+        log.info("another process prepared %s first; using it", final)
     return load_prepared(final)
 
 
@@ -214,19 +217,20 @@ def _build(
     }
 
 
-def _publish(tmp: Path, final: Path, verify: str) -> None:
-    """Rename the finished `tmp` to `final`. If `final` exists, keep it when it is intact (another process
-    finished the same dataset first: identical content), else move it aside and put `tmp` in its place."""
+def _publish(tmp: Path, final: Path, verify: str) -> bool:
+    """Rename the finished `tmp` to `final`; True if it is ours. If `final` exists, keep it when it is intact
+    (another process finished the same dataset first: identical content), else move it aside and put `tmp`
+    in its place."""
     for _ in range(3):  # each round either succeeds or finds a folder another process just put there
         try:
             os.rename(tmp, final)  # fails when `final` is a non-empty folder
-            return
+            return True
         except OSError:
             if not final.is_dir():
                 raise
         if _damage(final, verify) is None:
             shutil.rmtree(tmp, ignore_errors=True)
-            return
+            return False
         aside = final.with_name(f".damaged-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(final, aside)

@@ -25,7 +25,7 @@ from minigpt.errors import UserError
 
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # meta.json name -> on-disk dtype
 HASH = "sha256"
-HASH_BLOCK = 8 << 20  # bytes read per hash update: large enough for full speed, small enough to not matter
+HASH_BLOCK = 1 << 18  # bytes per read: 256 KiB already hashes at full speed, in one reused buffer
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -40,9 +40,10 @@ def shard_name(split: str, index: int) -> str:
 def file_digest(path: Path) -> str:
     """The hex sha256 of a file, read in blocks (constant memory whatever its size)."""
     h = hashlib.new(HASH)
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            h.update(block)
+    buffer = memoryview(bytearray(HASH_BLOCK))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            h.update(buffer[:n])
     return h.hexdigest()
 
 

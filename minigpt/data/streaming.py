@@ -116,15 +116,17 @@ def _whole_file(path: Path, errors: str) -> str:
 
 
 def _jsonl_texts(path: Path, key: str, errors: str) -> Iterator[str | None]:
-    """Each line's `key` field (None for blank lines and null texts)."""
+    """Each line's `key` field (None for blank lines and null texts). Lines are decoded one by one, so a
+    bad byte is reported on its own line."""
     opener = gzip.open if path.name.endswith(".gz") else open
     lineno = 0
     try:
-        with opener(path, "rt", encoding="utf-8", errors=errors) as f:  # type: ignore[operator]
-            for lineno, line in enumerate(f, start=1):
+        with opener(path, "rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                line = raw.decode("utf-8", errors=errors)
                 yield _field(json.loads(line), key, path, lineno) if line.strip() else None
     except UnicodeDecodeError:
-        raise UserError(f"{path} line {lineno + 1} is not UTF-8; fix the file or set "
+        raise UserError(f"{path} line {lineno} is not UTF-8; fix the file or set "
                         "data.encoding_errors=replace") from None
     except json.JSONDecodeError as e:
         raise UserError(f"{path} line {lineno} is not JSON ({e.msg} at column {e.colno}); "
