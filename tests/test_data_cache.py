@@ -33,6 +33,10 @@ def built(tmp_path: Path):
     return corpus, cache, prepare_dataset(text_cfg(corpus, shard_tokens=800), BPE, cache, progress=False)
 
 
+def warnings_in(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def again(corpus: Path, cache: Path, **kw):
     return prepare_dataset(text_cfg(corpus, shard_tokens=800, **kw), BPE, cache, progress=False)
 
@@ -70,7 +74,7 @@ def test_damage_is_found_and_rebuilt_with_one_warning(built, case: str, caplog) 
     damage(first.dir)
     with caplog.at_level(logging.WARNING, logger="minigpt.data"):
         rebuilt = again(corpus, cache)
-    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    warnings = warnings_in(caplog)
     assert len(warnings) == 1 and phrase in warnings[0] and "rebuilding it" in warnings[0], warnings
     assert "\n" not in warnings[0]
     assert rebuilt.dir == first.dir and set(cache.iterdir()) == {first.dir}  # nothing temporary left
@@ -79,7 +83,7 @@ def test_damage_is_found_and_rebuilt_with_one_warning(built, case: str, caplog) 
         assert expected[split] == expected_split_text(rebuilt.meta, split, corpus)
     caplog.clear()
     again(corpus, cache)  # and now it verifies
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not warnings_in(caplog)
 
 
 def test_hash_once_then_stamps_and_verify_hash_catches_what_stamps_cannot(
@@ -115,9 +119,10 @@ def test_hash_once_then_stamps_and_verify_hash_catches_what_stamps_cannot(
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with caplog.at_level(logging.WARNING, logger="minigpt.data"):
         again(corpus, cache)
-        assert not caplog.records
+        assert not warnings_in(caplog)
         again(corpus, cache, verify="hash")
-    assert "val_000.bin does not match its sha256" in caplog.records[0].getMessage()
+    (warning,) = warnings_in(caplog)
+    assert "val_000.bin does not match its sha256" in warning
 
 
 def test_a_damaged_stamp_file_means_hashing_again_not_rebuilding(built, caplog) -> None:
@@ -125,7 +130,7 @@ def test_a_damaged_stamp_file_means_hashing_again_not_rebuilding(built, caplog) 
     (first.dir / verify.STAMP_FILE).write_text("garbage")
     with caplog.at_level(logging.WARNING, logger="minigpt.data"):
         assert again(corpus, cache).dir == first.dir
-    assert not caplog.records
+    assert not warnings_in(caplog)
     assert json.loads((first.dir / verify.STAMP_FILE).read_text()).keys() >= {"train_000.bin", "val_000.bin"}
 
 
@@ -138,7 +143,7 @@ def test_a_cache_whose_corpus_is_gone(built, caplog) -> None:
     with caplog.at_level(logging.WARNING, logger="minigpt.data"):
         kept = again(corpus, cache)  # intact: served as it is, with a warning
     assert kept.dir == first.dir and decode_split(kept, "val") == expected
-    (message,) = [r.getMessage() for r in caplog.records]
+    (message,) = warnings_in(caplog)
     assert "does not exist" in message and str(first.dir) in message
 
     _truncate(first.dir / "train_000.bin", 999)

@@ -48,7 +48,7 @@ def test_model_x_tokenizer_composes_and_builds(model: str, tokenizer: str):
 @pytest.mark.parametrize("group", ["optim", "trainer", "device", "logging", "data"])
 def test_every_group_option_composes(group: str):
     for option in _options(group):
-        needs_paths = (group, option) == ("data", "text")
+        needs_paths = group == "data" and option in ("text", "files")
         overrides = [f"{group}={option}"] + (["data.paths=[x.txt]"] if needs_paths else [])
         cfg = to_object(compose_train(overrides), TrainConfig)
         assert isinstance(cfg, TrainConfig)
