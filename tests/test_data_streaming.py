@@ -278,3 +278,18 @@ def test_blank_lines_and_null_or_empty_texts_are_skipped(tmp_path: Path) -> None
     prepared = prepare_dataset(files_cfg([str(tmp_path / "c")]), TokenizerConfig(kind="byte"),
                                tmp_path / "cache", progress=False)
     check_exact_split(prepared, texts)
+
+
+def test_a_worker_that_cannot_start_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from minigpt.data.documents import Document
+    from minigpt.data.shards import ShardWriter
+    from minigpt.data.tokenizers import ByteTokenizer
+
+    monkeypatch.setattr(encode_module, "POOL_MIN_CHARS", 0)
+    docs = [("train", Document(f"d{i}", "some text\n" * 50)) for i in range(20)]
+    writers = {"train": ShardWriter(tmp_path, "train", "uint16", 1000)}
+    with pytest.raises(UserError, match=r"an encoding worker process died .*data.num_workers=1") as err:
+        # the workers load the tokenizer from a folder that does not exist: every one of them dies
+        encode_module.encode_corpus(docs, ByteTokenizer(), tmp_path / "no-tokenizer", writers, num_workers=2,
+                                    progress=False)
+    assert "\n" not in str(err.value)

@@ -5,7 +5,9 @@ per split ([<|endoftext|>, ids...] per document, concatenated), handed to that s
 corpus order, whichever worker encoded it: the tokens never depend on `data.num_workers`.
 
 Workers are processes started with `spawn` (a fresh interpreter that loads the tokenizer from the folder it
-was saved to; `fork` would copy a parent that may hold torch's threads and their locks). They start only
+was saved to; `fork` would copy a parent that may hold torch's threads and their locks). Like every spawned
+process, each imports the launching script again, so a script that calls `prepare_dataset` must keep its
+work under `if __name__ == "__main__":` (minigpt's scripts do; a notebook needs nothing). They start only
 once the corpus has passed POOL_MIN_CHARS: starting them costs about a second (an interpreter plus numpy,
 tiktoken and the launching script's imports), more than a small corpus takes to encode here -- which
 tiktoken does on `num_workers` threads anyway, since its Rust encoder releases the GIL. At most
@@ -20,6 +22,7 @@ import os
 from collections import deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,7 @@ from tqdm import tqdm
 from minigpt.data.documents import Document
 from minigpt.data.shards import DTYPES, ShardWriter
 from minigpt.data.tokenizers import Tokenizer, load_tokenizer
+from minigpt.errors import UserError
 
 ENCODE_CHUNK_CHARS = 4_000_000  # a few MB of text per task: enough to hide the hand-over, small in memory
 POOL_MIN_CHARS = 32_000_000  # ~6 s of one core's bpe encoding: past this, the workers' start-up is repaid
@@ -113,6 +117,12 @@ def encode_corpus(
                 write(pending.popleft().result())
         while pending:
             write(pending.popleft().result())
+    except BrokenProcessPool:
+        raise UserError(
+            "an encoding worker process died (killed for lack of memory, or started by a script that works "
+            "when imported: call prepare_dataset under `if __name__ == \"__main__\":`); "
+            "data.num_workers=1 encodes in this process"
+        ) from None
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
