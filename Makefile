@@ -2,10 +2,11 @@
 PY      := .venv/bin/python
 ARGS    ?=
 NPROC   ?= 2
-TORCH_CPU := torch==2.13.0
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -13,9 +14,9 @@ help: ## list the targets
 .venv/installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	# A bare `torch` requirement can pull a multi-GB CUDA build; put the CPU build in place first
-	# where no torch is importable (users with their own torch keep it).
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_CPU)
+	# The tested torch first, where none is importable (a torch already in .venv is kept): a bare range
+	# would take pip's newest build, on Linux a multi-GB CUDA one.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
@@ -44,3 +45,6 @@ tensorboard: install ## serve TensorBoard over outputs/
 
 bench: install ## measure training and generation speed against the reference
 	$(PY) scripts/bench.py $(ARGS)
+
+docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
+	$(PY) scripts/update_docs.py

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
@@ -20,41 +19,25 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from minigpt.data.config import DataConfig, TokenizerConfig
+from minigpt.data.config import PrepareConfig
 from minigpt.errors import UserError, exit_with_error, unwritable_path_message
-from minigpt.generation.config import GenerateConfig
-from minigpt.model.config import ModelConfig
-from minigpt.training.config import DeviceConfig, LoggingConfig, OptimConfig, TrainerConfig
+from minigpt.generation.config import GenerateConfig, TemperatureConfig
+from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig, ShapeWalkConfig
+from minigpt.training.config import TrainConfig
 
-
-@dataclass
-class PrepareConfig:
-    """Root of `configs/prepare.yaml`: text -> tokenizer -> token bins."""
-
-    data: DataConfig = field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-
-
-@dataclass
-class TrainConfig:
-    """Root of `configs/train.yaml`."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    device: DeviceConfig = field(default_factory=DeviceConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    run_name: str | None = None  # appended to the run folder's name
+# Schema name (the first entry of each primary YAML's defaults list) -> root dataclass.
+SCHEMAS = {
+    "train_schema": TrainConfig, "prepare_schema": PrepareConfig, "generate_schema": GenerateConfig,
+    "temperature_schema": TemperatureConfig, "evaluate_schema": EvaluateConfig,
+    "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
+}
 
 
 def register_configs() -> None:
     """Register the root schemas; idempotent, call before `@hydra.main` or `initialize_config_dir`."""
     cs = ConfigStore.instance()
-    cs.store(name="train_schema", node=TrainConfig)
-    cs.store(name="prepare_schema", node=PrepareConfig)
-    cs.store(name="generate_schema", node=GenerateConfig)
+    for name, schema in SCHEMAS.items():
+        cs.store(name=name, node=schema)
 
 
 T = TypeVar("T")
@@ -72,11 +55,6 @@ def to_object(cfg: DictConfig, schema: type[T]) -> T:
         raise UserError(str(e).splitlines()[0]) from None
     assert isinstance(obj, schema)
     return obj
-
-
-def to_plain_dict(obj: object) -> dict:
-    """A dataclass tree as plain, resolved Python data (for JSON metadata and TensorBoard text)."""
-    return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)  # type: ignore[return-value]
 
 
 def run_cli(main: Callable[[], object]) -> None:

@@ -13,29 +13,25 @@ from __future__ import annotations
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minigpt.config import run_cli, to_object
+from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.inspect.attention_maps import AttentionMapsConfig
+from minigpt.inspect.config import AttentionMapsConfig
 
-ConfigStore.instance().store(name="attention_maps_schema", node=AttentionMapsConfig)
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="attention_maps")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
-    from minigpt.generation.cli import resolve_device
+    from minigpt.checkpoint.load import load_model
     from minigpt.inspect.attention_maps import attention_figure, select
     from minigpt.inspect.plotting import save_png
-    from minigpt.training.checkpoint import find_latest_checkpoint, load_checkpoint_for_inference
 
     config = to_object(cfg, AttentionMapsConfig)
-    path = config.checkpoint or find_latest_checkpoint(Path("outputs"))
-    device, dtype = resolve_device(config.device)
-    model, tokenizer, _ = load_checkpoint_for_inference(path, device=device, dtype=dtype)
+    model, tokenizer, _ = load_model(config.checkpoint, config.device.type, config.weights_dtype)
     ids = [tokenizer.eot_id, *tokenizer.encode(config.prompt)][-config.max_tokens :]
     layers = select(config.layers, model.config.n_layer, "layers")
     heads = select(config.heads, model.config.n_head, "heads")

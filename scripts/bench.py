@@ -12,10 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from minigpt.bench.report import format_report, write_json
-from minigpt.bench.suite import ALIASES, EXTRA_SECTIONS, SECTIONS, run_suite, select_sections
+from minigpt.bench.sections import ALIASES, EXTRA_SECTIONS, SECTIONS, select_sections
 from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
 
 
@@ -34,6 +31,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    import torch  # after parsing: `--help` answers without it
+
+    from minigpt.bench.report import format_report, write_json
+    from minigpt.bench.suite import run_suite
+
     try:
         sections = select_sections(args.only)
         if args.threads is not None:

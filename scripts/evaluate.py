@@ -16,15 +16,14 @@ import json
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minigpt.config import run_cli, to_object
+from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.inspect.perplexity import EvaluateConfig
+from minigpt.inspect.config import EvaluateConfig
 
-ConfigStore.instance().store(name="evaluate_schema", node=EvaluateConfig)
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")

@@ -31,11 +31,11 @@ def _read_line() -> str | None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="generate")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
-    from minigpt.generation.cli import load_model, run_interactive, run_samples
+    from minigpt.generation.cli import load_for_generation, run_interactive, run_samples
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, GenerateConfig)
-    model, tokenizer, _ = load_model(config.checkpoint, config.device)
+    model, tokenizer, _ = load_for_generation(config)
     try:
         if config.interactive:
             run_interactive(config, model, tokenizer, _read_line, sys.stdout, sys.stderr)

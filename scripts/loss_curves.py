@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("outputs/inspect/loss_curves.png"))
     p.add_argument("--title", default="", help="figure title (default: the overrides all runs share)")
     args = p.parse_args(argv)
+    from minigpt.checkpoint.load import find_latest_checkpoint
     from minigpt.inspect.loss_curves import load_runs, plot_loss_curves
     from minigpt.inspect.plotting import save_png
-    from minigpt.training.checkpoint import find_latest_checkpoint
 
     try:
         # the newest checkpoint's run folder: <run>/checkpoints/last -> <run>

@@ -12,26 +12,25 @@ written to disk. Bad input ends with one line on stderr and exit code 2.
 from __future__ import annotations
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from minigpt.config import run_cli, to_object
+from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.inspect.shape_walk import ShapeWalkConfig
+from minigpt.inspect.config import ShapeWalkConfig
 
-ConfigStore.instance().store(name="shape_walk_schema", node=ShapeWalkConfig)
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="shape_walk")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
+    from minigpt.checkpoint.load import read_checkpoint
     from minigpt.inspect.shape_walk import format_walk, walk_shapes
-    from minigpt.model import build_model
-    from minigpt.training.checkpoint import load_checkpoint_for_inference
+    from minigpt.model.factory import build_model
 
     config = to_object(cfg, ShapeWalkConfig)
     if config.checkpoint:
-        model, _, _ = load_checkpoint_for_inference(config.checkpoint)
+        model, _, _ = read_checkpoint(config.checkpoint)
     else:
         model = build_model(config.model, vocab_size=config.vocab_size)
     print(format_walk(walk_shapes(model, config.batch_size, config.seq_len)))

@@ -10,22 +10,20 @@ import math
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.generation.temperature import TemperatureConfig
+from minigpt.generation.config import TemperatureConfig
 
-register_configs()  # the `device` group's schema comes with the others
-ConfigStore.instance().store(name="temperature_schema", node=TemperatureConfig)
+register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="temperature")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
-    from minigpt.generation.cli import load_model
+    from minigpt.checkpoint.load import load_model
     from minigpt.generation.temperature import (
         entropy_curve,
         next_token_logits,
@@ -35,7 +33,7 @@ def main(cfg: DictConfig) -> None:
     from minigpt.generation.text import encode_prompt
 
     config = to_object(cfg, TemperatureConfig)
-    model, tokenizer, _ = load_model(config.checkpoint, config.device)
+    model, tokenizer, _ = load_model(config.checkpoint, config.device.type, config.weights_dtype)
     logits = next_token_logits(model, encode_prompt(tokenizer, config.prompt))[: tokenizer.vocab_size]
     out = Path(config.out) if config.out else Path(HydraConfig.get().runtime.output_dir) / "temperature.png"
     title = f"next token after {config.prompt[-40:]!r}" if config.prompt else "first token of a document"

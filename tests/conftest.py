@@ -9,7 +9,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.config import TrainConfig, register_configs, to_object
+from minigpt.config import register_configs, to_object
+from minigpt.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"

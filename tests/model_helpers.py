@@ -6,7 +6,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from minigpt.model import GPT, ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.model.gpt import GPT
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 PRESETS = ("tiny", "small", "gpt2", "seed", "modern")

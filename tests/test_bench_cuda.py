@@ -10,7 +10,7 @@ import torch
 from minigpt.bench.generation import minigpt_generate
 from minigpt.bench.reference import gpt2_like_config
 from minigpt.bench.train_step import make_step
-from minigpt.model import build_model
+from minigpt.model.factory import build_model
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

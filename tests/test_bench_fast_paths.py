@@ -2,7 +2,7 @@
 
 - the chunked, head-fused cross-entropy (model/chunked_loss.py) against F.cross_entropy on full logits,
 - GPT's training forward with return_logits=False against the plain forward (loss and gradients),
-- the inference weight layout of model/linear.py against F.linear, including after the weight changes.
+- `GPT.prepare_for_inference` (weights laid out (in, out) in memory) against the model as trained.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minigpt.model import ModelConfig, build_model
 from minigpt.model.chunked_loss import linear_cross_entropy
-from minigpt.model.linear import Linear
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 
 
 def _data(n: int = 37, c: int = 16, v: int = 53, seed: int = 0):
@@ -79,33 +79,51 @@ def test_bf16_autocast_falls_back_to_the_plain_loss() -> None:
     assert torch.isfinite(loss) and loss.item() == pytest.approx(plain.item(), rel=1e-6)
 
 
-def test_inference_layout_matches_f_linear_and_follows_weight_updates() -> None:
-    layer = Linear(12, 7).eval()
-    x = torch.randn(2, 3, 12)
-    calls = []
-    layer.register_forward_hook(lambda m, i, o: calls.append(o.shape))  # hooks still see the layer
+def test_prepare_for_inference_changes_the_layout_and_nothing_else() -> None:
+    model = _tiny()
+    ref = copy.deepcopy(model).eval()
+    idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3))
+    prepared = model.prepare_for_inference()
+    assert prepared is model and not model.training
+    assert list(model.state_dict()) == list(ref.state_dict())  # same names: checkpoints load as before
+    for (name, w), (_, w_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert w.shape == w_ref.shape and torch.equal(w, w_ref), name  # same values, exactly
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 4 * 2 + 1  # c_attn, c_proj, c_fc, c_proj per block, and lm_head
+    for m in linears:
+        assert m.weight.stride() == (1, m.weight.shape[0])  # (out, in) with (in, out) memory
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
     with torch.no_grad():
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-        layer.weight.mul_(-2.0)  # an in-place update, as an optimizer step makes
-        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-    assert calls == [torch.Size([2, 3, 7])] * 2
-    out = layer.train()(x)  # training: the plain path, with gradients
-    assert out.requires_grad and layer._weight_t is None
+        torch.testing.assert_close(model(idx)[0], ref(idx)[0], atol=1e-5, rtol=1e-5)
 
 
-def test_cached_greedy_decoding_is_unchanged_by_the_inference_layout() -> None:
+def test_cached_greedy_decoding_after_prepare_equals_the_naive_path_on_the_trained_layout() -> None:
+    from minigpt.sampling.decode import generate
+    from minigpt.sampling.params import SamplingParams
+
     model = _tiny().eval()
-    idx = torch.randint(0, 61, (1, 9), generator=torch.Generator().manual_seed(3))
-    with torch.no_grad():
-        fast = model(idx)[0]
-    with torch.enable_grad():  # autograd on: the plain nn.Linear arithmetic
-        plain = model(idx)[0]
-    torch.testing.assert_close(fast, plain.detach(), atol=1e-5, rtol=1e-5)
+    fast = copy.deepcopy(model).prepare_for_inference()
+    runs = [generate(m, [[4, 8, 15, 16]], max_new_tokens=12, params=SamplingParams(temperature=0.0),
+                     generator=torch.Generator().manual_seed(0), use_cache=c, keep_logits=True)
+            for m, c in ((fast, True), (model, False))]
+    assert runs[0].tokens == runs[1].tokens
+    for a, b in zip(runs[0].logits, runs[1].logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_after_prepare_for_inference_are_still_right() -> None:
+    model = _tiny()
+    other = copy.deepcopy(model).prepare_for_inference().train()
+    x = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(4))
+    for m in (model, other):
+        m(x, x)[1].backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_bf16_cached_decoding_matches_uncached_at_bf16_tolerance() -> None:
-    from minigpt.generation.generate import generate
-    from minigpt.generation.sampling import SamplingParams
+    from minigpt.sampling.decode import generate
+    from minigpt.sampling.params import SamplingParams
 
     model = _tiny().eval().to(torch.bfloat16)
     runs = [generate(model, [[4, 8, 15, 16]], max_new_tokens=8, params=SamplingParams(temperature=0.0),
@@ -116,27 +134,3 @@ def test_bf16_cached_decoding_matches_uncached_at_bf16_tolerance() -> None:
     for a, b in zip(cached.logits, uncached.logits, strict=True):
         # bf16 keeps 8 bits of mantissa: differences of a few 1e-2 on O(1) logits are rounding, not bugs
         torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=5e-2)
-
-
-def test_inference_copies_never_go_stale_across_training_steps() -> None:
-    """A trainer evaluates (copies made), trains with fused AdamW (which updates weights in place without
-    moving their version counters), then evaluates again: the second evaluation must see the new weights."""
-    from minigpt.training.config import OptimConfig
-    from minigpt.training.optim import build_optimizer
-
-    model = _tiny()
-    opt = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=0), "cpu")
-    x = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(4))
-    model.eval()
-    with torch.no_grad():
-        model(x)  # builds the inference copies
-    model.train()
-    _, loss = model(x, x, return_logits=False)
-    loss.backward()
-    opt.step()
-    model.eval()
-    with torch.no_grad():
-        fast = model(x)[0]
-    with torch.enable_grad():
-        plain = model(x)[0].detach()
-    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-5)

@@ -9,8 +9,8 @@ import torch
 from minigpt.bench.attention import BACKENDS, attention_fn
 from minigpt.bench.reference import gpt2_like_config, logits_agree, reference_model
 from minigpt.bench.train_step import make_step
-from minigpt.model import build_model
-from minigpt.model.hf_gpt2 import hf_state_dict
+from minigpt.interop.hf_gpt2 import hf_state_dict
+from minigpt.model.factory import build_model
 
 pytest.importorskip("transformers")
 

@@ -15,7 +15,7 @@ import torch
 from minigpt.bench.generation import minigpt_generate, reference_generate
 from minigpt.bench.reference import gpt2_like_config, reference_model
 from minigpt.bench.report import format_report
-from minigpt.model import build_model
+from minigpt.model.factory import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench.py"

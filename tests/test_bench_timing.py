@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minigpt.bench.suite import select_sections, train_contenders
+from minigpt.bench.sections import select_sections
+from minigpt.bench.suite import train_contenders
 from minigpt.bench.timing import Timing, interleave, peak_memory_bytes
 from minigpt.errors import UserError
 

@@ -13,8 +13,9 @@ import pytest
 import torch
 from cli_helpers import run_script
 
+from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
-from minigpt.training import checkpoint as ckpt
 from minigpt.training.trainer import train
 
 
@@ -75,5 +76,5 @@ def test_crafted_state_through_the_cli(trained: Path, tmp_path: Path, capsys, co
     assert "Traceback" not in result.err + result.out
     assert not marker.exists()
     # Inference reads only safetensors, JSON and the tokenizer's JSON: the planted state.pt is never opened.
-    model, _, _ = ckpt.load_checkpoint_for_inference(trained)
+    model, _, _ = load_model(trained, "cpu")
     assert not marker.exists() and model is not None

@@ -23,9 +23,10 @@ from cli_helpers import run_script
 from conftest import fast_overrides
 from safetensors.torch import load_file
 
+from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import load_model, resolve_checkpoint
 from minigpt.errors import UserError
 from minigpt.model.gpt import GPT
-from minigpt.training import checkpoint as ckpt
 from minigpt.training import trainer as trainer_module
 from minigpt.training.trainer import train
 
@@ -76,13 +77,13 @@ def _check_nothing_partial_is_loadable(run: Path) -> int:
     that `trainer.resume=auto` will continue from."""
     for folder in (run / "checkpoints").iterdir():
         try:
-            model, _, meta = ckpt.load_checkpoint_for_inference(folder)
+            model, _, meta = load_model(folder, "cpu")
             state = ckpt.load_state(folder)
         except UserError:
             assert folder.name not in ("last", "best"), f"{folder} is refused"
             continue
         assert state["step"] == meta["step"] and model is not None
-    return ckpt.read_meta(ckpt.resolve_checkpoint(run))["step"]
+    return ckpt.read_meta(resolve_checkpoint(run))["step"]
 
 
 def _optimizer_step_pausing_at(step: int, pause):

@@ -166,7 +166,10 @@ def test_tokenizer_config_validation() -> None:
         TokenizerConfig(kind="wordpiece")
     with pytest.raises(UserError, match="at least 257"):
         TokenizerConfig(kind="bpe", vocab_size=100)
-    TokenizerConfig(kind="byte", vocab_size=100)  # ignored by kinds with a fixed vocabulary
+    for kind, key in (("byte", "vocab_size"), ("char", "train_chars")):  # refused, never silently ignored
+        with pytest.raises(UserError, match=f"tokenizer.{key} applies only to tokenizer=bpe"):
+            TokenizerConfig(kind=kind, **{key: 300})
+    assert TokenizerConfig().bpe_vocab_size == 4096 and TokenizerConfig(kind="char").vocab_size is None
 
 
 def test_load_tokenizer_without_files_is_a_user_error(tmp_path: Path) -> None:

@@ -20,12 +20,13 @@ import torch.multiprocessing as mp
 from cli_helpers import run_script
 from safetensors.torch import load_file
 
-from minigpt.config import TrainConfig
+from minigpt.checkpoint import format as ckpt
 from minigpt.data.loader import BatchLoader
 from minigpt.errors import UserError
-from minigpt.training import checkpoint as ckpt
 from minigpt.training import trainer as trainer_module
-from minigpt.training.distributed import DistEnv, process_group
+from minigpt.training.config import TrainConfig
+from minigpt.training.dist_env import DistEnv
+from minigpt.training.distributed import process_group
 from minigpt.training.trainer import train
 
 STEPS, HALF = 6, 3

@@ -16,8 +16,9 @@ import torch
 from cli_helpers import run_script, snapshot
 from conftest import compose_train, fast_overrides, write_corpus
 
-from minigpt.config import TrainConfig, to_object
-from minigpt.training import checkpoint as ckpt
+from minigpt.checkpoint import format as ckpt
+from minigpt.config import to_object
+from minigpt.training.config import TrainConfig
 from minigpt.training.trainer import train
 
 
@@ -101,6 +102,11 @@ CASES = {
     "generate-prompt-file-missing": (G, ["checkpoint={w}/run", "prompt_file={w}/nowhere.txt"], "nowhere.txt"),
     "generate-prompt-and-file": (G, ["checkpoint={w}/run", "prompt=hi", "prompt_file={w}/x"], "not both"),
     "generate-cuda-missing": (G, ["checkpoint={w}/run", "device=cuda"], "cuda"),
+    # ---- keys a tool would otherwise accept and ignore
+    "generate-training-only-device-key": (G, ["checkpoint={w}/run", "device.compile=true"], "device.compile"),
+    "generate-autocast-dtype": (G, ["checkpoint={w}/run", "device.dtype=bfloat16"], "device.dtype"),
+    "train-vocab-size-for-char": (T, ["TRAIN", "tokenizer=char", "tokenizer.vocab_size=300"],
+                                  "tokenizer.vocab_size applies only to tokenizer=bpe"),
 }
 
 

@@ -9,10 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from minigpt.generation.generate import generate
-from minigpt.generation.sampling import SamplingParams
-from minigpt.generation.window import window_length
-from minigpt.model import ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.window import window_length
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 PRESETS = sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from minigpt.errors import UserError
-from minigpt.generation.sampling import SamplingParams, entropy, probabilities, sample
+from minigpt.sampling.next_token import entropy, probabilities, sample
+from minigpt.sampling.params import SamplingParams
 
 
 def _logits(rows: int = 8, vocab: int = 50, seed: int = 0, scale: float = 3.0) -> torch.Tensor:

@@ -3,6 +3,7 @@ function, one real CLI run, and every bad input ending in one clear line."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -13,13 +14,14 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from minigpt.config import register_configs, to_object, to_plain_dict
+from minigpt.checkpoint.format import save_checkpoint
+from minigpt.config import register_configs, to_object
 from minigpt.data.tokenizers import CharTokenizer
 from minigpt.errors import UserError
-from minigpt.generation.cli import load_model, run_interactive, run_samples
+from minigpt.generation.cli import load_for_generation, run_interactive, run_samples
 from minigpt.generation.config import GenerateConfig
-from minigpt.model import ModelConfig, build_model
-from minigpt.training.checkpoint import save_checkpoint
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ALPHABET = "abcdefgh ijklmnop\n():=+-"
@@ -31,7 +33,7 @@ def ckpt(tmp_path: Path) -> Path:
     tok = CharTokenizer.from_texts([ALPHABET])
     torch.manual_seed(0)
     model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16), vocab_size=tok.vocab_size)
-    meta = {"model_config": to_plain_dict(model.config), "step": 0}
+    meta = {"model_config": dataclasses.asdict(model.config), "step": 0}
     return save_checkpoint(tmp_path / "ckpt", model, {"step": 0}, meta, tok)
 
 
@@ -45,7 +47,7 @@ def config(*overrides: str) -> GenerateConfig:
 def generate_in_process(*overrides: str) -> tuple[str, str]:
     """What the script does after composing: (stdout, stderr)."""
     cfg = config(*overrides)
-    model, tok, _ = load_model(cfg.checkpoint, cfg.device)
+    model, tok, _ = load_for_generation(cfg)
     out, err = io.StringIO(), io.StringIO()
     run_samples(cfg, model, tok, out, err)
     return out.getvalue(), err.getvalue()
@@ -88,7 +90,7 @@ def test_cli_bad_input_is_one_line(ckpt: Path, tmp_path: Path):
     "override,match",
     [("temperature=-0.5", "temperature"), ("top_p=0", "top_p"), ("top_p=1.01", "top_p"),
      ("top_k=-3", "top_k"), ("max_new_tokens=-1", "max_new_tokens"), ("num_samples=0", "num_samples"),
-     ("device.dtype=fp8", "device.dtype"), ("window_keep_ratio=0", "window_keep_ratio")],
+     ("weights_dtype=fp8", "weights_dtype"), ("window_keep_ratio=0", "window_keep_ratio")],
 )  # fmt: skip
 def test_bad_values_are_user_errors(override: str, match: str):
     with pytest.raises(UserError, match=match) as e:
@@ -136,7 +138,7 @@ def test_empty_prompt_is_unconditional_and_cache_flag_is_honoured(ckpt: Path):
 
 def test_interactive_session_reports_rebuilds_and_survives_typos(ckpt: Path):
     cfg = config(f"checkpoint={ckpt}", "interactive=true", "max_new_tokens=10", "device=cpu", "stop=[]")
-    model, tok, _ = load_model(cfg.checkpoint, cfg.device)
+    model, tok, _ = load_for_generation(cfg)
     lines = iter(["abc", "Zzz", "def gh", "ijk", ""])
     out, err = io.StringIO(), io.StringIO()
     session = run_interactive(cfg, model, tok, lambda: next(lines), out, err)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from minigpt.generation.generate import generate
-from minigpt.generation.sampling import SamplingParams
 from minigpt.generation.session import Session
-from minigpt.model import ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
 
 BLOCK = 16
 PARAMS = SamplingParams(1.0, top_k=16)

@@ -7,11 +7,13 @@ import torch
 
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
-from minigpt.generation.generate import generate
-from minigpt.generation.sampling import SamplingParams, sample
-from minigpt.generation.stopping import StopStrings
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
-from minigpt.model import ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.sampling.decode import generate
+from minigpt.sampling.next_token import sample
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.stopping import StopStrings
 
 
 def test_empty_prompt_starts_from_eot_and_unknown_chars_are_user_errors():

@@ -10,19 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from minigpt.checkpoint.hf import export_checkpoint, import_to_checkpoint
+from minigpt.checkpoint.load import load_model
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
-from minigpt.generation.generate import generate
-from minigpt.generation.sampling import SamplingParams
-from minigpt.model.hf_gpt2 import (
-    export_checkpoint,
-    export_hf_gpt2,
-    hf_config_from_model,
-    hf_state_dict,
-    import_to_checkpoint,
-    load_hf_gpt2,
-)
-from minigpt.training.checkpoint import load_checkpoint_for_inference
+from minigpt.interop.hf_gpt2 import export_hf_gpt2, hf_config_from_model, hf_state_dict, load_hf_gpt2
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
 
 transformers = pytest.importorskip("transformers")
 
@@ -106,7 +100,7 @@ def test_checkpoint_round_trip_through_both_formats(tmp_path: Path, hf_folder) -
     tok_dir = tmp_path / "tok"
     ByteTokenizer().save(tok_dir)
     ckpt = import_to_checkpoint(hf_folder[0], tmp_path / "ckpt", tokenizer_dir=tok_dir)
-    model, tokenizer, meta = load_checkpoint_for_inference(ckpt)
+    model, tokenizer, meta = load_model(ckpt, "cpu")
     assert tokenizer.kind == "byte" and meta["model_config"]["activation"] == "gelu_tanh"
     out = export_checkpoint(ckpt, tmp_path / "hf_out")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == tokenizer.eot_id
@@ -135,7 +129,8 @@ def test_bad_inputs_are_user_errors(tmp_path: Path, hf_folder) -> None:
 
 
 def test_export_refuses_what_gpt2_cannot_express() -> None:
-    from minigpt.model import ModelConfig, build_model
+    from minigpt.model.config import ModelConfig
+    from minigpt.model.factory import build_model
 
     cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20, norm="rmsnorm")
     model = build_model(cfg)

@@ -16,7 +16,8 @@ from minigpt.inspect.attention_maps import attention_figure, attention_probs, lo
 from minigpt.inspect.loss_curves import load_runs, plot_loss_curves, read_scalars
 from minigpt.inspect.pe_plots import plot_positional_encodings, rope_similarity, sinusoidal_similarity
 from minigpt.inspect.plotting import DPI, save_png
-from minigpt.model import ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 
 
 def _check_png(path: Path, width_in: float, height_in: float) -> None:

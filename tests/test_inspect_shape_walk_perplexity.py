@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from minigpt.data.tokenizers import ByteTokenizer
-from minigpt.inspect.perplexity import EvaluateConfig, document_tokens, evaluate, sliding_window_loss
+from minigpt.device.config import InferenceDeviceConfig
+from minigpt.inspect.config import EvaluateConfig
+from minigpt.inspect.perplexity import document_tokens, evaluate, sliding_window_loss
 from minigpt.inspect.shape_walk import format_walk, walk_shapes
-from minigpt.model import ModelConfig, build_model
-from minigpt.training.config import DeviceConfig
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 
 B, T = 3, 6
 
@@ -87,13 +89,13 @@ def test_sliding_window_scores_each_token_once_with_its_context() -> None:
 
 
 def test_evaluate_a_text_file_from_a_checkpoint(tmp_path: Path) -> None:
-    from minigpt.training.checkpoint import save_checkpoint
+    from minigpt.checkpoint.format import save_checkpoint
 
     model, tok = _model(block_size=16, vocab_size=257), ByteTokenizer()
     save_checkpoint(tmp_path / "ckpt", model, {}, {"model_config": vars(model.config)}, tok)
     (tmp_path / "t.txt").write_text("hello world\n" * 5)
     ckpt, text = str(tmp_path / "ckpt"), str(tmp_path / "t.txt")
-    cfg = EvaluateConfig(checkpoint=ckpt, text_file=text, device=DeviceConfig(type="cpu"), stride=4)
+    cfg = EvaluateConfig(checkpoint=ckpt, text_file=text, device=InferenceDeviceConfig("cpu"), stride=4)
     result, what = evaluate(cfg)
     expected = sliding_window_loss(model, document_tokens(["hello world\n" * 5], tok), stride=4)
     assert what.endswith("t.txt") and result.tokens == 60

@@ -8,8 +8,8 @@ import pytest
 import torch
 from model_helpers import PRESETS, VOCAB, shrunk_config, shrunk_model
 
-from minigpt.model import build_model
 from minigpt.model.attention import CausalSelfAttention, math_attention
+from minigpt.model.factory import build_model
 
 BACKENDS = ("math", "sdpa", "online")
 

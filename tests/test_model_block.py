@@ -7,8 +7,8 @@ import torch
 from model_helpers import VOCAB, shrunk_config, shrunk_model
 from torch import nn
 
-from minigpt.model import build_model
 from minigpt.model.block import Block
+from minigpt.model.factory import build_model
 
 
 def _block_by_hand(block: Block, x: torch.Tensor, placement: str) -> torch.Tensor:

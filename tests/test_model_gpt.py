@@ -11,8 +11,10 @@ import torch.nn.functional as F
 from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config, shrunk_model
 
 from minigpt.errors import UserError
-from minigpt.model import GPT, ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 from minigpt.model.ffn import ffn_hidden_size
+from minigpt.model.gpt import GPT
 
 
 @pytest.mark.parametrize("preset", PRESETS)

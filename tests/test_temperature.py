@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from hydra.core.config_store import ConfigStore
 
 from minigpt.config import register_configs, to_object
 from minigpt.errors import UserError
+from minigpt.generation.config import TemperatureConfig
 from minigpt.generation.temperature import (
-    TemperatureConfig,
     distributions,
     entropy_curve,
     next_token_logits,
     temperature_figure,
 )
-from minigpt.model import ModelConfig, build_model
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 
 VOCAB = 64
 
@@ -66,7 +66,6 @@ def test_figure_is_a_real_image(tmp_path):
 def _compose(*overrides: str) -> TemperatureConfig:
     """configs/temperature.yaml composed as scripts/temperature.py composes it."""
     register_configs()
-    ConfigStore.instance().store(name="temperature_schema", node=TemperatureConfig)  # as the script does
     root = Path(__file__).resolve().parents[1] / "configs"
     with initialize_config_dir(version_base="1.3", config_dir=str(root)):
         return to_object(compose(config_name="temperature", overrides=list(overrides)), TemperatureConfig)

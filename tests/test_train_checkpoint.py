@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import find_latest_checkpoint, load_model, resolve_checkpoint
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
-from minigpt.model import ModelConfig, build_model
-from minigpt.training import checkpoint as ckpt
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer, build_scheduler
 
@@ -38,7 +40,7 @@ def _write(path: Path, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Opti
 
 def test_round_trip(tmp_path: Path):
     model, opt = _write(tmp_path / "run" / "checkpoints" / "last")
-    loaded, tok, meta = ckpt.load_checkpoint_for_inference(tmp_path / "run")  # a run folder works too
+    loaded, tok, meta = load_model(tmp_path / "run", "cpu")  # a run folder works too
     assert meta["format_version"] == ckpt.FORMAT_VERSION and meta["step"] == 1
     assert not loaded.training and tok.decode(tok.encode("héllo")) == "héllo"
     for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values(), strict=True):
@@ -90,8 +92,8 @@ def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
     elif damage == "garbage_state":
         (path / ckpt.STATE).write_bytes(b"\x00garbage" * 10)
     with pytest.raises(UserError) as info:
-        ckpt.load_checkpoint_for_inference(path)
-        ckpt.load_state(ckpt.resolve_checkpoint(path))
+        load_model(path, "cpu")
+        ckpt.load_state(resolve_checkpoint(path))
     assert "\n" not in str(info.value)
     if damage == "future_version":
         assert "99" in str(info.value) and "1" in str(info.value)
@@ -99,9 +101,9 @@ def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
 
 def test_find_latest_checkpoint(tmp_path: Path):
     with pytest.raises(UserError):
-        ckpt.find_latest_checkpoint(tmp_path)
+        find_latest_checkpoint(tmp_path)
     _write(tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last")
     newer = _write(tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last") and None
     assert newer is None
-    latest = ckpt.find_latest_checkpoint(tmp_path)
+    latest = find_latest_checkpoint(tmp_path)
     assert latest == tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"

@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import CONFIG_DIR, compose_train
 
-from minigpt.config import TrainConfig, to_object
+from minigpt.config import SCHEMAS, register_configs, to_object
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
-from minigpt.model import build_model
+from minigpt.model.factory import build_model
+from minigpt.training.config import TrainConfig
 
 
 def _options(group: str) -> list[str]:
@@ -30,7 +31,7 @@ def _vocab(cfg: TrainConfig) -> int:
     if kind == "char":
         return CharTokenizer.from_texts(["def f(x):\n    return x\n"]).vocab_size
     if kind == "bpe":
-        return cfg.tokenizer.vocab_size
+        return cfg.tokenizer.bpe_vocab_size
     return NAMED_VOCAB[kind]
 
 
@@ -45,24 +46,59 @@ def test_model_x_tokenizer_composes_and_builds(model: str, tokenizer: str):
     assert gpt.lm_head.weight.shape == (_vocab(cfg), cfg.model.n_embd)
 
 
-@pytest.mark.parametrize("group", ["optim", "trainer", "device", "logging", "data"])
-def test_every_group_option_composes(group: str):
+def _yaml_values(path) -> dict:
+    """The keys an option or experiment file sets, flattened (`model.n_layer`), without its defaults list."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    raw.pop("defaults", None)
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    return flat(raw)
+
+
+def _value(cfg: TrainConfig, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+@pytest.mark.parametrize("group", ["model", "optim", "trainer", "device", "logging", "data", "tokenizer"])
+def test_every_group_option_sets_what_its_file_says(group: str):
     for option in _options(group):
         needs_paths = group == "data" and option in ("text", "files")
         overrides = [f"{group}={option}"] + (["data.paths=[x.txt]"] if needs_paths else [])
         cfg = to_object(compose_train(overrides), TrainConfig)
-        assert isinstance(cfg, TrainConfig)
+        for key, want in _yaml_values(CONFIG_DIR / group / f"{option}.yaml").items():
+            if (group, key) == ("data", "paths") and needs_paths:
+                want = ["x.txt"]
+            assert _value(getattr(cfg, group), key) == want, f"{group}={option}: {key}"
 
 
 @pytest.mark.parametrize("experiment", _options("experiment"))
-def test_experiments_compose(experiment: str):
+def test_experiments_switch_what_they_say(experiment: str):
+    """Every key an experiment sets, and every group it overrides, arrives in the composed config."""
+    from omegaconf import OmegaConf
+
+    path = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
     cfg = to_object(compose_train([f"experiment={experiment}"]), TrainConfig)
-    assert cfg.run_name == experiment
+    for key, want in _yaml_values(path).items():
+        assert _value(cfg, key) == want, key
+    for entry in OmegaConf.load(path).get("defaults", []):
+        for target, option in dict(entry).items():  # {"override /model": "modern"}
+            group = target.split("/")[-1]
+            for key, want in _yaml_values(CONFIG_DIR / group / f"{option}.yaml").items():
+                assert _value(getattr(cfg, group), key) == want, f"{group}={option}: {key}"
 
 
 def test_defaults_are_the_documented_ones():
     cfg = to_object(compose_train(), TrainConfig)
-    assert (cfg.data.source, cfg.tokenizer.kind, cfg.tokenizer.vocab_size) == ("pystdlib", "bpe", 4096)
+    assert (cfg.data.source, cfg.tokenizer.kind, cfg.tokenizer.bpe_vocab_size) == ("pystdlib", "bpe", 4096)
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.device.type) == (4, 128, "auto")
 
 
@@ -87,3 +123,19 @@ def test_run_folder_name(run_name: str | None, suffix: str):
     run_dir = str(cfg.hydra.run.dir)
     assert re.fullmatch(r"outputs/train/\d{4}-\d\d-\d\d/\d\d-\d\d-\d\d" + suffix, run_dir), run_dir
     assert cfg.hydra.sweep.dir.startswith("outputs/train/multirun/") and cfg.hydra.job.chdir is False
+
+
+def test_the_dataclass_defaults_are_what_the_default_run_composes():
+    """One source of defaults: `train(TrainConfig(), ...)` from Python trains the very run `make train` runs,
+    so the YAML of each default option may restate a dataclass default but never differ from it."""
+    assert to_object(compose_train(), TrainConfig) == TrainConfig()
+
+
+@pytest.mark.parametrize("name, schema", [(n, s) for n, s in SCHEMAS.items() if n != "train_schema"])
+def test_every_tool_config_composes_to_its_dataclass_defaults(name: str, schema: type):
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
+        composed = compose(config_name=name.removesuffix("_schema"))
+    assert to_object(composed, schema) == schema()

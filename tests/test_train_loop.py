@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
-from minigpt.training import checkpoint as ckpt
 from minigpt.training.tensorboard import SCALAR_TAGS
 from minigpt.training.trainer import train
 
@@ -22,7 +23,7 @@ def test_short_run_learns_and_writes_its_run_folder(make_train_cfg, tmp_path: Pa
     assert result.val_loss < result.first_val_loss
     for name in ("last", "best"):
         assert (out / "checkpoints" / name / ckpt.WEIGHTS).is_file()
-    model, tok, meta = ckpt.load_checkpoint_for_inference(out)
+    model, tok, meta = load_model(out, "cpu")
     assert meta["step"] == 12 and meta["config"]["trainer"]["max_steps"] == 12
     assert tok.name == "byte" and model.config.vocab_size == tok.vocab_size
 

@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
-from minigpt.model import ModelConfig, build_model
-from minigpt.training.config import DeviceConfig, OptimConfig
-from minigpt.training.device import resolve_runtime
+from minigpt.device.config import DeviceConfig
+from minigpt.device.runtime import resolve_runtime
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer, build_scheduler, param_groups
 from minigpt.training.step import accumulate_gradients
 

@@ -6,7 +6,7 @@ reference gets `eos_token_id=None` and `min_new_tokens`, and random weights rare
 token anyway). Measured:
 
 - tokens/s of whole `generate` calls: minigpt cached (fp32, and with bf16 weights), minigpt uncached
-  (the O(T^2) reference in generation/naive.py), HF `generate`; the ratios are the headline numbers
+  (the O(T^2) reference in sampling/naive.py), HF `generate`; the ratios are the headline numbers
 - per-token latency of one decode step (forward + argmax) with ~64, ~512, ~1000 tokens in the cache
 - the time to prefill a 512-token prompt (last position projected only, as when sampling)
 - the extra memory of one cached generation
@@ -24,9 +24,10 @@ import torch
 
 from minigpt.bench.reference import gpt2_like_config, reference_model
 from minigpt.bench.timing import Timing, interleave, peak_memory_bytes, time_call
-from minigpt.generation.generate import generate
-from minigpt.generation.sampling import SamplingParams
-from minigpt.model import GPT, build_model
+from minigpt.model.factory import build_model
+from minigpt.model.gpt import GPT
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
 
 SHAPE = {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 50304, "block_size": 1024}
 GREEDY = SamplingParams(temperature=0.0)

@@ -1,6 +1,6 @@
 """The reference implementation: Hugging Face `GPT2LMHeadModel` holding exactly minigpt's weights.
 
-The weights travel through the one GPT-2 mapping of the project (`minigpt/model/hf_gpt2.py`): the
+The weights travel through the one GPT-2 mapping of the project (`minigpt/interop/hf_gpt2.py`): the
 minigpt config becomes a `GPT2Config` and the state dict is renamed/transposed into HF's layout. HF's
 `gelu` is the exact (erf) GELU, so a minigpt model with `activation=gelu` computes the same function;
 `logits_agree` checks that before any timing is trusted.
@@ -15,8 +15,9 @@ import logging
 import torch
 
 from minigpt.errors import UserError
-from minigpt.model import GPT, ModelConfig
-from minigpt.model.hf_gpt2 import hf_config_from_model, hf_state_dict
+from minigpt.interop.hf_gpt2 import hf_config_from_model, hf_state_dict
+from minigpt.model.config import ModelConfig
+from minigpt.model.gpt import GPT
 
 
 def gpt2_like_config(n_layer: int, n_head: int, n_embd: int, vocab_size: int, block_size: int,

@@ -33,26 +33,6 @@ from minigpt.bench.train_loop import bench_train_loop
 from minigpt.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
 from minigpt.errors import UserError
 
-SECTIONS = ("peak", "train_S", "train_M", "generation", "attention", "data")
-EXTRA_SECTIONS = ("train_loop",)  # not part of the default run
-ALIASES = {"train": ("train_S", "train_M"), "all": SECTIONS}
-
-
-def select_sections(only: list[str] | None) -> list[str]:
-    """Expand `--only` names (aliases allowed) into sections, in the suite's order; UserError if unknown."""
-    if not only:
-        return list(SECTIONS)
-    wanted: set[str] = set()
-    for name in only:
-        if name in ALIASES:
-            wanted.update(ALIASES[name])
-        elif name in SECTIONS + EXTRA_SECTIONS:
-            wanted.add(name)
-        else:
-            choices = ", ".join((*SECTIONS, *EXTRA_SECTIONS, *ALIASES))
-            raise UserError(f"--only {name!r} is not a section; choose from {choices}")
-    return [s for s in SECTIONS + EXTRA_SECTIONS if s in wanted]
-
 
 def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str = "M") -> tuple[tuple, list]:
     """The training contenders worth running here, and a note for each one left out.

@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from minigpt.bench.peak import datasheet_tflops, matmul_flops
 from minigpt.bench.reference import gpt2_like_config
-from minigpt.model import build_model
-from minigpt.training.config import DeviceConfig, OptimConfig
-from minigpt.training.device import resolve_runtime
+from minigpt.device.config import DeviceConfig
+from minigpt.device.runtime import datasheet_tflops, peak_flops, resolve_runtime
+from minigpt.model.factory import build_model
+from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer, build_scheduler
 from minigpt.training.step import accumulate_gradients, optimizer_step
 
@@ -31,14 +31,15 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
                      batch_size: int = 16, compile_: bool | None = None, dtype: str = "auto") -> dict:
     """Time `steps` steps (after `warmup_steps` untimed ones, compilation included) on random tokens.
 
-    dtype and compile_ default to what the trainer picks for the device (`training/device.py`): on CUDA
+    dtype and compile_ default to what the trainer picks for the device (`device/runtime.py`): on CUDA
     bf16 autocast and torch.compile."""
     shape = SMOKE if smoke else GPT2_SMALL
     if smoke:
         steps, warmup_steps, batch_size = min(steps, 6), min(warmup_steps, 2), min(batch_size, 4)
     # exact GELU by default; GPT-2's tanh form costs the same
     cfg = dataclasses.replace(gpt2_like_config(**shape), attention="sdpa")
-    runtime = resolve_runtime(DeviceConfig(type=device.type, dtype=dtype, compile=compile_))
+    device_cfg = DeviceConfig(type=device.type, dtype=dtype, compile=compile_)
+    runtime = resolve_runtime(device_cfg)
     torch.manual_seed(0)
     model = build_model(cfg).to(runtime.device)
     train_model = torch.compile(model) if runtime.compile else model
@@ -76,7 +77,7 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     tokens_per_s = steps * batch_size * shape["block_size"] / elapsed
     flops = model.flops_per_token() * tokens_per_s
     sheet = datasheet_tflops(runtime.device)
-    peak = sheet * 1e12 if sheet else matmul_flops(512, runtime.dtype, runtime.device, 0.3)
+    peak = peak_flops(device_cfg, runtime)
     return {
         "shape": shape, "batch_size": batch_size, "steps": steps, "warmup_steps": warmup_steps,
         "dtype": str(runtime.dtype).removeprefix("torch."), "compile": runtime.compile,

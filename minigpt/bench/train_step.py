@@ -31,7 +31,8 @@ import torch.nn.functional as F
 
 from minigpt.bench.reference import gpt2_like_config, logits_agree, reference_model
 from minigpt.bench.timing import interleave, peak_memory_bytes, time_call
-from minigpt.model import GPT, build_model
+from minigpt.model.factory import build_model
+from minigpt.model.gpt import GPT
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer
 
@@ -55,9 +56,6 @@ QUICK_SHAPES = {  # `--quick`: the same architecture, small enough for seconds
     "S": TrainShape("S", n_layer=2, n_head=4, n_embd=128, vocab_size=4096, block_size=128, batch_size=8),
     "M": TrainShape("M", n_layer=2, n_head=6, n_embd=192, vocab_size=50304, block_size=128, batch_size=4),
 }
-CONTENDERS = ("minigpt fp32 simple", "minigpt fp32", "reference fp32", "minigpt bf16", "minigpt compile fp32",
-              "minigpt compile bf16")
-
 
 LR, BETAS, WEIGHT_DECAY = 1e-4, (0.9, 0.95), 0.1
 

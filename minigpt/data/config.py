@@ -14,6 +14,7 @@ from minigpt.errors import UserError
 SOURCES = ("pystdlib", "shakespeare", "text", "files")
 VERIFY_MODES = ("stamp", "hash")
 TOKENIZER_KINDS = ("bpe", "gpt2", "cl100k", "char", "byte")
+BPE_VOCAB_SIZE = 4096  # the default bpe vocabulary: small enough for a CPU model's embedding table
 
 # Folders of the standard library that are not representative Python source: the test suites
 # (half the library by size, full of generated fixtures), the IDLE GUI, third-party packages
@@ -106,20 +107,40 @@ class TokenizerConfig:
 
     kind: str = "bpe"  # bpe | gpt2 | cl100k | char | byte
     # bpe only: the total vocabulary, counting <|endoftext|>. 256 byte tokens + (vocab_size - 257)
-    # learned merges + 1 special token. Other kinds have a fixed or corpus-given size.
-    vocab_size: int = 4096
+    # learned merges + 1 special token; null means BPE_VOCAB_SIZE. Other kinds have a fixed or corpus-given
+    # size, and refuse the key rather than ignore it.
+    vocab_size: int | None = None
     # bpe only: train on at most this many characters of the train split (in corpus order);
     # null trains on all of it. The encoder still tokenises the whole corpus.
     train_chars: int | None = None
+
+    @property
+    def bpe_vocab_size(self) -> int:
+        """The bpe vocabulary size: `vocab_size`, or BPE_VOCAB_SIZE when it is null."""
+        return BPE_VOCAB_SIZE if self.vocab_size is None else self.vocab_size
 
     def __post_init__(self) -> None:
         if self.kind not in TOKENIZER_KINDS:
             kinds = ", ".join(TOKENIZER_KINDS)
             raise UserError(f"tokenizer.kind={self.kind!r} is unknown; use one of {kinds}")
-        if self.kind == "bpe" and not 257 <= self.vocab_size <= 2**31 - 1:
+        if self.kind != "bpe":
+            for key in ("vocab_size", "train_chars"):
+                if getattr(self, key) is not None:
+                    raise UserError(f"tokenizer.{key} applies only to tokenizer=bpe; tokenizer={self.kind} "
+                                    f"has a fixed or corpus-given vocabulary (drop tokenizer.{key})")
+            return
+        if not 257 <= self.bpe_vocab_size <= 2**31 - 1:
             raise UserError(
                 f"tokenizer.vocab_size={self.vocab_size} must be at least 257 for tokenizer=bpe "
                 "(256 byte tokens + <|endoftext|>), e.g. 4096"
             )
         if self.train_chars is not None and self.train_chars <= 0:
             raise UserError(f"tokenizer.train_chars={self.train_chars} must be positive, or null for all")
+
+
+@dataclass
+class PrepareConfig:
+    """Root of `configs/prepare.yaml`: text -> tokenizer -> token bins."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)

@@ -143,7 +143,7 @@ def config_key(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> str:
 def _tokenizer_settings(tokenizer_cfg: TokenizerConfig) -> dict[str, Any]:
     settings: dict[str, Any] = {"tokenizer": tokenizer_cfg.kind}
     if tokenizer_cfg.kind == "bpe":
-        settings |= {"vocab_size": tokenizer_cfg.vocab_size, "train_chars": tokenizer_cfg.train_chars}
+        settings |= {"vocab_size": tokenizer_cfg.bpe_vocab_size, "train_chars": tokenizer_cfg.train_chars}
     return settings
 
 

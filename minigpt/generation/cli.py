@@ -7,50 +7,32 @@ Output: samples on `out` (the prompt, then the continuation), one summary line o
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TextIO
 
 import torch
 
+from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
 from minigpt.generation.config import GenerateConfig
-from minigpt.generation.generate import GenerationStats, stream_tokens
-from minigpt.generation.naive import naive_stream_tokens
 from minigpt.generation.session import Session
-from minigpt.generation.stopping import StopStrings
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
-from minigpt.generation.window import default_keep
-from minigpt.training.config import DeviceConfig
+from minigpt.sampling.decode import stream_tokens
+from minigpt.sampling.naive import naive_stream_tokens
+from minigpt.sampling.steps import GenerationStats
+from minigpt.sampling.stopping import StopStrings
+from minigpt.sampling.window import default_keep
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
-def resolve_device(cfg: DeviceConfig) -> tuple[torch.device, torch.dtype]:
-    """The device (auto: CUDA, then MPS, then CPU) and the weights' dtype (auto: bfloat16 on CUDA,
-    float16 on GPUs without bf16, float32 elsewhere). Unavailable choices are UserErrors."""
-    kind = cfg.type
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise UserError("device.type=cuda but no CUDA device is available (use device=cpu or device=auto)")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise UserError("device.type=mps but MPS is not available (use device=cpu or device=auto)")
-    name = cfg.dtype
-    if name == "auto":
-        bf16 = kind == "cuda" and torch.cuda.is_bf16_supported()
-        name = "bfloat16" if bf16 else "float16" if kind == "cuda" else "float32"
-    if name == "float16" and kind == "cpu":
-        raise UserError("device.dtype=float16 is not supported on CPU (use float32 or bfloat16)")
-    return torch.device(kind), getattr(torch, name)
+def load_for_generation(cfg: GenerateConfig) -> tuple[torch.nn.Module, Any, dict]:
+    """(model ready to decode, tokenizer, meta) from `cfg.checkpoint`, or the newest run under outputs/.
 
-
-def load_model(checkpoint: str | None, device_cfg: DeviceConfig) -> tuple[torch.nn.Module, Any, dict]:
-    """(model in eval mode, tokenizer, meta) from `checkpoint`, or the latest run under outputs/."""
-    from minigpt.training.checkpoint import find_latest_checkpoint, load_checkpoint_for_inference
-
-    device, dtype = resolve_device(device_cfg)
-    path = checkpoint if checkpoint else find_latest_checkpoint(Path("outputs"))
-    return load_checkpoint_for_inference(path, device=device, dtype=dtype)
+    `prepare_for_inference` is the one step that makes a loaded model a decoder rather than a trainee (eval
+    mode and, on a CPU, the weight layout that matrix-vector products stream fastest; see gpt.py).
+    """
+    model, tokenizer, meta = load_model(cfg.checkpoint, cfg.device.type, cfg.weights_dtype)
+    return model.prepare_for_inference(), tokenizer, meta
 
 
 def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]:

@@ -1,15 +1,13 @@
-"""Configuration of `scripts/generate.py` (YAML: `configs/generate.yaml`, flat keys: `temperature=0.5`)."""
+"""Configuration of the generation tools: `scripts/generate.py` (YAML `configs/generate.yaml`, flat keys such
+as `temperature=0.5`) and `scripts/temperature.py` (`configs/temperature.yaml`). No torch is imported here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
 from minigpt.errors import UserError
-from minigpt.training.config import DeviceConfig
-
-if TYPE_CHECKING:
-    from minigpt.generation.sampling import SamplingParams
+from minigpt.sampling.params import SamplingParams, validate_sampling
 
 
 @dataclass
@@ -23,9 +21,8 @@ class GenerateConfig:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1 = off
     seed: int = 1337
-    # The same `device` group as training (`device=cpu`, `device.dtype=bfloat16`): type picks the device,
-    # dtype the precision of the weights and the KV cache (auto: bfloat16 on CUDA, float32 elsewhere).
-    device: DeviceConfig = field(default_factory=DeviceConfig)
+    device: InferenceDeviceConfig = field(default_factory=InferenceDeviceConfig)  # `device=cpu|cuda|mps`
+    weights_dtype: str = "auto"  # of the weights and the KV cache; auto: bfloat16 on CUDA, float32 elsewhere
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
     stream: bool = True  # print the first sample token by token as it is generated
     interactive: bool = False  # a REPL: each line is appended to one running session
@@ -34,6 +31,7 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_k, self.top_p)
+        check_weights_dtype(self.weights_dtype)
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
         if self.num_samples < 1:
@@ -47,18 +45,25 @@ class GenerateConfig:
 
     def sampling(self, vocab_size: int | None = None) -> SamplingParams:
         """The sampling knobs; `vocab_size` (the tokenizer's) keeps padded model ids from being drawn."""
-        # Imported here, not at the top: this module is part of every script's config schema, and
-        # sampling needs torch, whose import costs seconds that `--help` or prepare_data should not pay.
-        from minigpt.generation.sampling import SamplingParams
-
         return SamplingParams(self.temperature, self.top_k, self.top_p, vocab_size)
 
 
-def validate_sampling(temperature: float, top_k: int, top_p: float) -> None:
-    """Raise a `UserError` for a knob outside its range (names use the YAML keys of generate.yaml)."""
-    if not temperature >= 0.0:  # also rejects NaN
-        raise UserError(f"temperature={temperature} must be >= 0 (0 means greedy decoding)")
-    if top_k < 0:
-        raise UserError(f"top_k={top_k} must be >= 0 (0 turns the top-k filter off)")
-    if not 0.0 < top_p <= 1.0:
-        raise UserError(f"top_p={top_p} must be in (0, 1] (1 turns the nucleus filter off)")
+@dataclass
+class TemperatureConfig:
+    """Root of `configs/temperature.yaml` (`scripts/temperature.py`)."""
+
+    checkpoint: str | None = None  # a checkpoint or run folder; None: the latest run under outputs/
+    prompt: str = ""  # empty: the distribution of a document's first token (after end-of-text)
+    temperatures: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
+    top: int = 20  # tokens shown per temperature
+    out: str | None = None  # the PNG; None: temperature.png in the run folder
+    # one forward pass: the CPU is plenty
+    device: InferenceDeviceConfig = field(default_factory=lambda: InferenceDeviceConfig("cpu"))
+    weights_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not self.temperatures or any(not t > 0 for t in self.temperatures):
+            raise UserError(f"temperatures={self.temperatures} must be a non-empty list of values > 0")
+        if self.top < 1:
+            raise UserError(f"top={self.top} must be at least 1")
+        check_weights_dtype(self.weights_dtype)

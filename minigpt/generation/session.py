@@ -17,10 +17,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from minigpt.generation.generate import prefill_windows
-from minigpt.generation.sampling import SamplingParams, sample
-from minigpt.generation.stopping import StopFn
-from minigpt.generation.window import default_keep, window_length
+from minigpt.sampling.decode import prefill_windows
+from minigpt.sampling.next_token import sample
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.stopping import StopFn
+from minigpt.sampling.window import default_keep, window_length
 
 
 class Session:

@@ -16,33 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from minigpt.errors import UserError
-from minigpt.generation.sampling import SamplingParams, entropy, probabilities
-from minigpt.generation.window import window_length
-from minigpt.training.config import DeviceConfig
-
-
-@dataclass
-class TemperatureConfig:
-    """Configuration of `scripts/temperature.py` (YAML: `configs/temperature.yaml`)."""
-
-    checkpoint: str | None = None  # a checkpoint or run folder; None: the latest run under outputs/
-    prompt: str = ""  # empty: the distribution of a document's first token (after end-of-text)
-    temperatures: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
-    top: int = 20  # tokens shown per temperature
-    out: str | None = None  # the PNG; None: temperature.png in the run folder
-    device: DeviceConfig = field(default_factory=lambda: DeviceConfig(type="cpu", dtype="float32"))
-
-    def __post_init__(self) -> None:
-        if not self.temperatures or any(not t > 0 for t in self.temperatures):
-            raise UserError(f"temperatures={self.temperatures} must be a non-empty list of values > 0")
-        if self.top < 1:
-            raise UserError(f"top={self.top} must be at least 1")
+from minigpt.sampling.next_token import entropy, probabilities
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.window import window_length
 
 
 @torch.no_grad()

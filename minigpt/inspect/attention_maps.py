@@ -12,36 +12,15 @@ the matching bracket or the previous occurrence of the current token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import matplotlib
 import numpy as np
 import torch
 from matplotlib.figure import Figure
 from torch import nn
 
+from minigpt.checkpoint.format import unwrap
 from minigpt.errors import UserError
 from minigpt.inspect.plotting import figure_to_rgb, new_figure
-from minigpt.training.config import DeviceConfig
-
-
-@dataclass
-class AttentionMapsConfig:
-    """Root of `configs/attention_maps.yaml` (`scripts/attention_maps.py`)."""
-
-    checkpoint: str | None = None  # a checkpoint or run folder; None: the newest run under outputs/train
-    prompt: str = "def add(a, b):\n    return a + b\n"  # <|endoftext|> is put in front, as in training
-    max_tokens: int = 24  # keep the prompt's last max_tokens tokens: more makes unreadable labels
-    layers: list[int] | None = None  # which layers to draw; None: all
-    heads: list[int] | None = None  # which heads to draw; None: all
-    out: str | None = None  # the PNG to write; None: attention.png in the run folder
-    device: DeviceConfig = field(default_factory=DeviceConfig)  # the training group: device=cpu|cuda|mps
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 2:
-            raise UserError(f"max_tokens={self.max_tokens} must be at least 2")
-        if not self.prompt:
-            raise UserError("prompt is empty; give the text whose attention to draw, e.g. prompt='x = 1'")
 
 
 def select(indices: list[int] | None, count: int, what: str) -> list[int]:
@@ -73,9 +52,7 @@ def token_labels(ids: list[int], tokenizer) -> list[str]:
 @torch.no_grad()
 def attention_probs(model: nn.Module, ids: list[int] | torch.Tensor) -> list[torch.Tensor]:
     """One (H, T, T) probability tensor per layer for a single sequence of ids, in eval mode."""
-    from minigpt.training.checkpoint import unwrap  # torch.compile / DDP wrappers hide attention_probs
-
-    model = unwrap(model)
+    model = unwrap(model)  # torch.compile / DDP wrappers hide attention_probs
     device = next(model.parameters()).device
     idx = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)  # (1, T)
     idx = idx[:, -model.config.block_size :]  # the model cannot see further back

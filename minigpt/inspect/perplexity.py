@@ -16,42 +16,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minigpt.checkpoint.load import load_model
 from minigpt.data.config import DataConfig
+from minigpt.data.sources import load_corpus
 from minigpt.errors import UserError
-from minigpt.training.config import DeviceConfig
-
-SPLITS = ("train", "val")
-
-
-@dataclass
-class EvaluateConfig:
-    """Root of `configs/evaluate.yaml` (`scripts/evaluate.py`)."""
-
-    checkpoint: str | None = None  # a checkpoint or run folder; None: the newest run under outputs/train
-    data: DataConfig | None = None  # a corpus (data=<option>); None: the checkpoint's own training corpus
-    split: str = "val"  # train | val: which split of the corpus
-    text_file: str | None = None  # score this file instead of a corpus split
-    stride: int | None = None  # targets scored per window after the first; None: block_size // 2
-    batch_size: int = 8  # windows per forward pass
-    max_tokens: int | None = None  # score only the first max_tokens tokens (a quick estimate); None: all
-    device: DeviceConfig = field(default_factory=DeviceConfig)  # the training group: device=cpu|cuda|mps
-
-    def __post_init__(self) -> None:
-        if self.split not in SPLITS:
-            raise UserError(f"split={self.split!r} is not one of: {', '.join(SPLITS)}")
-        if self.stride is not None and self.stride < 1:
-            raise UserError(f"stride={self.stride} must be at least 1 (or null: half the model's context)")
-        if self.batch_size < 1:
-            raise UserError(f"batch_size={self.batch_size} must be at least 1")
-        if self.max_tokens is not None and self.max_tokens < 2:
-            raise UserError(f"max_tokens={self.max_tokens} must be at least 2 (or null: the whole text)")
+from minigpt.inspect.config import EvaluateConfig
 
 
 @dataclass
@@ -129,13 +105,7 @@ def sliding_window_loss(
 
 def evaluate(cfg: EvaluateConfig) -> tuple[Perplexity, str]:
     """Load the checkpoint, tokenise the chosen text with its tokenizer, score it. Returns (result, what)."""
-    from minigpt.data.sources import load_corpus
-    from minigpt.generation.cli import resolve_device
-    from minigpt.training.checkpoint import find_latest_checkpoint, load_checkpoint_for_inference
-
-    path = cfg.checkpoint or find_latest_checkpoint(Path("outputs"))
-    device, dtype = resolve_device(cfg.device)
-    model, tokenizer, meta = load_checkpoint_for_inference(path, device=device, dtype=dtype)
+    model, tokenizer, meta = load_model(cfg.checkpoint, cfg.device.type, cfg.weights_dtype)
     if cfg.text_file:
         file = Path(cfg.text_file).expanduser()
         if not file.is_file():
@@ -150,7 +120,7 @@ def evaluate(cfg: EvaluateConfig) -> tuple[Perplexity, str]:
             try:
                 data = DataConfig(**meta["config"]["data"])
             except (KeyError, TypeError):
-                raise UserError(f"checkpoint {path} records no training corpus; pass data=<option>") from None
+                raise UserError("the checkpoint records no training corpus; pass data=<option>") from None
         docs = list(load_corpus(data, Path(data.cache_dir)).documents(cfg.split))
         texts, what = [d.text for d in docs], f"{data.source} {cfg.split} split ({len(docs)} documents)"
     tokens = document_tokens(texts, tokenizer)

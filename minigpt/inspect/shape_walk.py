@@ -25,29 +25,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from minigpt.errors import UserError
 from minigpt.model.attention import CausalSelfAttention
-from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
-
-
-@dataclass
-class ShapeWalkConfig:
-    """Root of `configs/shape_walk.yaml` (`scripts/shape_walk.py`)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    vocab_size: int = 4096  # used when model.vocab_size is null (the default bpe tokenizer's size)
-    batch_size: int = 2
-    seq_len: int | None = None  # tokens per sequence; None: model.block_size
-    checkpoint: str | None = None  # walk this trained model instead of model=...
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "batch_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name}={getattr(self, name)} must be at least 1")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise UserError(f"seq_len={self.seq_len} must be at least 1 (or null: model.block_size)")
 
 
 @dataclass

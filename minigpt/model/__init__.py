@@ -13,11 +13,6 @@ Shape legend, used in every docstring and `# (...)` comment of this package:
     L    n_layer
 
 Data flow (read the files in this order): embedding.py (token embedding + positional encoding),
-rope.py, norm.py, attention.py (+ online_softmax.py), ffn.py, block.py, gpt.py, factory.py.
+rope.py, norm.py, attention.py (+ online_softmax.py), ffn.py, block.py, kv_cache.py, gpt.py, factory.py.
+Nothing is imported here, so `minigpt.model.config` can be imported without torch (the config schemas do).
 """
-
-from minigpt.model.config import ModelConfig
-from minigpt.model.factory import build_model
-from minigpt.model.gpt import GPT
-
-__all__ = ["GPT", "ModelConfig", "build_model"]

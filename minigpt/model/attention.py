@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.model.config import ModelConfig
-from minigpt.model.linear import Linear
 from minigpt.model.online_softmax import online_attention
 from minigpt.model.rope import apply_rope
 
@@ -91,9 +90,8 @@ class CausalSelfAttention(nn.Module):
         self.layer_idx = layer_idx  # which slot of the KV cache is ours
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.kv_heads, config.head_dim
         qkv_width = (self.n_head + 2 * self.n_kv_head) * self.head_dim  # 3C without GQA
-        # Linear: nn.Linear with a faster weight layout for CPU decoding (linear.py)
-        self.c_attn = Linear(config.n_embd, qkv_width, bias=config.bias)
-        self.c_proj = Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_attn = nn.Linear(config.n_embd, qkv_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
         self.online_block_size = config.online_block_size

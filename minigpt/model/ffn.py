@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from minigpt.model.config import ModelConfig
-from minigpt.model.linear import Linear
 
 
 def ffn_hidden_size(config: ModelConfig) -> int:
@@ -39,9 +38,8 @@ class MLP(nn.Module):
         super().__init__()
         self.hidden = ffn_hidden_size(config)
         self.gated = config.activation == "swiglu"
-        # Linear: nn.Linear with a faster weight layout for CPU decoding (linear.py)
-        self.c_fc = Linear(config.n_embd, self.hidden * (2 if self.gated else 1), bias=config.bias)
-        self.c_proj = Linear(self.hidden, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, self.hidden * (2 if self.gated else 1), bias=config.bias)
+        self.c_proj = nn.Linear(self.hidden, config.n_embd, bias=config.bias)
         if config.activation == "relu":
             self.act = nn.ReLU()
         elif config.activation == "gelu":

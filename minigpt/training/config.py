@@ -1,18 +1,20 @@
-"""Configuration of the optimizer, the training loop, the device and logging.
+"""Configuration of training: the optimizer, the loop and logging, and `TrainConfig`, the root of train.yaml.
 
-YAML: `configs/optim/`, `configs/trainer/`, `configs/device/`, `configs/logging/`. Each field is the YAML key
-of the same name (`optim.lr` is `OptimConfig.lr`). Values are checked in `__post_init__`, so a bad override
-fails when the config is converted at start-up, before any tensor is allocated.
+YAML: `configs/optim/`, `configs/trainer/`, `configs/logging/` (and the model, data, tokenizer and device
+groups, whose dataclasses live beside their own code). Each field is the YAML key of the same name
+(`optim.lr` is `OptimConfig.lr`). Values are checked in `__post_init__`, so a bad override fails when the
+config is converted at start-up, before any tensor is allocated. No torch is imported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from minigpt.data.config import DataConfig, TokenizerConfig
+from minigpt.device.config import DeviceConfig
 from minigpt.errors import UserError
+from minigpt.model.config import ModelConfig
 
-DEVICE_TYPES = ("auto", "cpu", "cuda", "mps")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 STRATEGIES = ("ddp", "fsdp")  # see training/distributed.py
 NONFINITE_POLICIES = ("stop", "skip")
 
@@ -21,13 +23,13 @@ NONFINITE_POLICIES = ("stop", "skip")
 class OptimConfig:
     """AdamW with linear warmup, then cosine decay to a floor (`training/optim.py`)."""
 
-    lr: float = 1e-3  # peak learning rate, reached at the end of warmup
+    lr: float = 3e-3  # peak learning rate, reached at the end of warmup; small models tolerate a high one
     min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio and stays there
     weight_decay: float = 0.1  # matrices only; norms, biases and embeddings are not decayed
     beta1: float = 0.9
     beta2: float = 0.95  # shorter second-moment memory than Adam's 0.999: steadier with small batches
     eps: float = 1e-8
-    warmup_steps: int = 100
+    warmup_steps: int = 50
     decay_steps: int | None = None  # where the cosine reaches its floor; None: trainer.max_steps
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
 
@@ -53,13 +55,13 @@ class OptimConfig:
 class TrainerConfig:
     """The training loop (`training/trainer.py`). One step is one optimizer update."""
 
-    max_steps: int = 1000
+    max_steps: int = 400
     batch_size: int = 16  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
-    eval_every: int = 100  # also evaluates before the first step and after the last
-    eval_batches: int = 20  # fixed validation batches per evaluation
-    ckpt_every: int = 500  # `last` checkpoint; also written at the end
+    eval_every: int = 50  # also evaluates before the first step and after the last
+    eval_batches: int = 8  # fixed validation batches per evaluation
+    ckpt_every: int = 100  # `last` checkpoint; also written at the end
     resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
     seed: int = 1337
     # Under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2: parameters, gradients and
@@ -82,25 +84,6 @@ class TrainerConfig:
 
 
 @dataclass
-class DeviceConfig:
-    """Where and in which precision to train (`training/device.py`)."""
-
-    type: str = "auto"  # auto (cuda, then mps, then cpu) | cpu | cuda | mps
-    dtype: str = "auto"  # autocast dtype: auto | float32 | bfloat16 | float16 (auto: see device.py)
-    compile: bool | None = None  # torch.compile the model; None: the measured default for the device
-    tf32: bool = True  # TF32 matmuls on Ampere+ GPUs: ~8x the fp32 rate, 10-bit mantissa is ample here
-    peak_tflops: float | None = None  # for MFU; None: known GPU table, else a quick matmul measurement
-
-    def __post_init__(self) -> None:
-        if self.type not in DEVICE_TYPES:
-            raise UserError(f"device.type={self.type!r} is not one of: {', '.join(DEVICE_TYPES)}")
-        if self.dtype not in DTYPES:
-            raise UserError(f"device.dtype={self.dtype!r} is not one of: {', '.join(DTYPES)}")
-        if self.peak_tflops is not None and self.peak_tflops <= 0:
-            raise UserError(f"device.peak_tflops={self.peak_tflops} must be positive (or null)")
-
-
-@dataclass
 class LoggingConfig:
     """Console, progress bar and TensorBoard (`training/tensorboard.py`)."""
 
@@ -119,3 +102,17 @@ class LoggingConfig:
             raise UserError(f"logging.sample_tokens={self.sample_tokens} must be >= 0")
         if self.sample_temperature < 0:
             raise UserError(f"logging.sample_temperature={self.sample_temperature} must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Root of `configs/train.yaml`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    run_name: str | None = None  # appended to the run folder's name

@@ -23,9 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
-import os
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,49 +32,12 @@ from torch import nn
 
 from minigpt.errors import UserError
 from minigpt.training.config import STRATEGIES
+from minigpt.training.dist_env import DistEnv
 
 log = logging.getLogger(__name__)
 # A collective that waits longer than this is a hang (a rank died or took another code path). torch's default
 # is 10 minutes for NCCL and 30 for gloo; evaluation and checkpointing of the models here take far less.
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=10)
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    """This process's place in the run: global rank, rank on this machine, number of processes."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-
-    @property
-    def is_main(self) -> bool:
-        """Rank 0 alone writes: logs, TensorBoard, checkpoints, the run folder."""
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> DistEnv:
-        """Read what torchrun set; a plain `python scripts/train.py` (none of it set) is one process."""
-        names = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-        if not any(n in environ for n in names):
-            return cls()
-        values = {}
-        for n in names:
-            raw = environ.get(n, "0" if n != "WORLD_SIZE" else "1")
-            try:
-                values[n] = int(raw)
-            except ValueError:
-                raise UserError(f"environment variable {n}={raw!r} is not an integer (launch with torchrun, "
-                                f"which sets RANK, LOCAL_RANK and WORLD_SIZE)") from None
-        env = cls(rank=values["RANK"], local_rank=values["LOCAL_RANK"], world_size=values["WORLD_SIZE"])
-        if env.world_size < 1 or not 0 <= env.rank < env.world_size or env.local_rank < 0:
-            raise UserError(f"inconsistent torchrun environment RANK={env.rank} LOCAL_RANK={env.local_rank} "
-                            f"WORLD_SIZE={env.world_size} (launch with torchrun --nproc_per_node=N)")
-        return env
 
 
 # ---------------------------------------------------------------------------------------------- process group
@@ -275,7 +236,7 @@ def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
     weights = full_state_dict(model)
     if not env.is_main:
         return None
-    from minigpt.model import build_model
+    from minigpt.model.factory import build_model
 
     whole = build_model(model.config)
     whole.load_state_dict(weights)

@@ -12,12 +12,27 @@ from collections.abc import Callable
 
 import torch
 
+from minigpt.device.runtime import Runtime
 from minigpt.errors import UserError
 from minigpt.training import distributed
-from minigpt.training.device import Runtime
-from minigpt.training.distributed import DistEnv
+from minigpt.training.config import TrainerConfig
+from minigpt.training.dist_env import DistEnv
 
 log = logging.getLogger(__name__)
+
+
+def grad_accum_steps(tc: TrainerConfig, block_size: int, world_size: int) -> int:
+    """Micro-batches per step: `trainer.grad_accum_steps`, or derived from `trainer.tokens_per_step`."""
+    if tc.tokens_per_step is None:
+        return tc.grad_accum_steps
+    micro = tc.batch_size * block_size * world_size
+    if tc.tokens_per_step % micro:
+        raise UserError(
+            f"trainer.tokens_per_step={tc.tokens_per_step} is not a multiple of "
+            f"batch_size x block_size x world_size = {micro} "
+            f"(try {max(1, round(tc.tokens_per_step / micro)) * micro})"
+        )
+    return tc.tokens_per_step // micro
 
 
 def accumulate_gradients(

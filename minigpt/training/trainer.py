@@ -4,18 +4,20 @@ One *step* is one optimizer update over `grad_accum_steps` micro-batches; every 
 TensorBoard x-axis uses it. The hot path (micro-batches, backward, clip, update) never waits for the device:
 the loss and the gradient norm stay tensors, read (`.item()`, a host sync) only every `log_every` steps.
 
-Under torchrun (`env`, see `distributed.py`) every rank runs this same loop on its own data stream; the model
-is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and `tokens_per_step` counts every
-rank's tokens. The ranks take every decision together (stop, skip, save `best`), so no rank waits for a
-collective the others never reach. SIGINT/SIGTERM end the run cleanly after the current step (`signals.py`).
+Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs this same loop on its own data
+stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
+`tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
+`best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
+the current step (`signals.py`). Neighbours: `resume.py` (checkpoints in and out), `meter.py` (throughput
+and MFU), `evaluation.py` (validation), `step.py` (one update).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,20 +27,21 @@ from omegaconf import OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from minigpt.config import TrainConfig, to_plain_dict
+from minigpt.checkpoint import format as ckpt
 from minigpt.data.eval_windows import eval_batches, eval_windows
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import prepare_dataset
+from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.errors import UserError
-from minigpt.model import build_model
-from minigpt.training import checkpoint as ckpt
-from minigpt.training import distributed
-from minigpt.training.device import peak_flops, resolve_runtime
-from minigpt.training.distributed import DistEnv
-from minigpt.training.evaluation import evaluate, peak_memory_gib, sample_text
+from minigpt.model.factory import build_model
+from minigpt.training import distributed, resume
+from minigpt.training.config import TrainConfig
+from minigpt.training.dist_env import DistEnv
+from minigpt.training.evaluation import Evaluation, peak_memory_gib
+from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import build_optimizer, build_scheduler
 from minigpt.training.signals import GracefulStop
-from minigpt.training.step import NonFiniteGuard, accumulate_gradients, optimizer_step
+from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 from minigpt.training.tensorboard import TensorBoardLogger
 
 log = logging.getLogger(__name__)
@@ -76,13 +79,15 @@ def seed_everything(seed: int) -> None:
 
 
 class Trainer:
-    """Holds the run's state. `__init__` builds everything (and resumes, if asked); `fit()` runs the loop."""
+    """Holds the run's state, all of it built in `__init__` (and resumed, if asked); `fit()` runs the loop."""
 
     def __init__(self, cfg: TrainConfig, out_dir: Path, *, env: DistEnv) -> None:
         self.cfg, self.out_dir, self.env = cfg, out_dir, env
-        self.is_main, world_size = env.is_main, env.world_size
+        self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = self._resume_source()  # checked before any work, so a bad path fails at once
+        resume_from = resume.resume_source(cfg, out_dir)  # before any work: a bad path fails at once
+        if tc.resume == "auto" and resume_from is None:
+            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", out_dir)
         self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
         seed_everything(tc.seed)
@@ -92,13 +97,9 @@ class Trainer:
                                         progress=self.is_main and cfg.logging.progress_bar)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
-        if cfg.model.vocab_size is not None and cfg.model.vocab_size < vocab:
-            raise UserError(
-                f"model.vocab_size={cfg.model.vocab_size} is smaller than the tokenizer's {vocab} tokens "
-                "(set model.vocab_size=null to take it from the tokenizer)"
-            )
-        self.model = build_model(cfg.model, vocab_size=cfg.model.vocab_size or vocab).to(device)
-        state = self._read_checkpoint(resume_from) if resume_from is not None else None  # loads the weights
+        # build_model refuses a model.vocab_size below the tokenizer's
+        self.model = build_model(cfg.model, vocab_size=vocab).to(device)
+        state = resume.load_for_resume(resume_from, self.model, cfg, env) if resume_from is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
         # the training steps, while evaluation and sampling use `model`, so eval mode and growing sample
         # lengths trigger no recompilations.
@@ -106,147 +107,90 @@ class Trainer:
         self.train_model = torch.compile(wrapped) if self.runtime.compile else wrapped
 
         block = cfg.model.block_size
-        self.grad_accum_steps = self._grad_accum_steps(block)
-        self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * world_size
+        self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
+        self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, tc.max_steps)
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
-                                  world_size=world_size, device=str(device))
+                                  world_size=env.world_size, device=str(device))
         val = self.data.split("val")
         windows = eval_windows(len(val), block, max_tokens=tc.eval_batches * tc.batch_size * block)
-        self.val_batches = [(b.x, b.y) for b in eval_batches(val, windows, tc.batch_size, device=str(device),
-                                                             token_bytes=self.tokenizer.token_byte_lengths())]
-        if not self.val_batches:
+        val_batches = [(b.x, b.y) for b in eval_batches(val, windows, tc.batch_size, device=str(device),
+                                                        token_bytes=self.tokenizer.token_byte_lengths())]
+        if not val_batches:
             raise UserError(f"the validation split of {self.data.dir} is shorter than one block of {block} "
                             "tokens (lower model.block_size or use more data)")
-        self.step, self.tokens_seen, self.last_saved, self.last_saved_step = 0, 0, None, 0
-        self.first_val_loss = self.val_loss = self.best_val_loss = math.inf
+        self.evaluation = Evaluation(self.model, val_batches, self.runtime, env, self.tokenizer, cfg.logging,
+                                     tc.seed)
+        self.progress = resume.Progress()
+        self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
+        self.last_saved_step = 0
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
-        self.flops_per_token = self.model.flops_per_token()
-        self.peak_flops = peak_flops(cfg.device, self.runtime)
+        self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
+                                     peak_flops(cfg.device, self.runtime), self.runtime.synchronize)
+        self.tb = TensorBoardLogger(out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         if state is not None:
-            self._restore(state)
-            log.info("resumed from %s at step %d (%s tokens seen)", resume_from, self.step,
-                     f"{self.tokens_seen:,}")
+            self.progress = resume.restore(state, self.model, self.optimizer, self.scheduler, self.scaler,
+                                           self.loader)
+            log.info("resumed from %s at step %d (%s tokens seen)", resume_from, self.progress.step,
+                     f"{self.progress.tokens_seen:,}")
         log.info("model: %s parameters (%s without embeddings); %s tokens per step "
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
-                 f"{self.model.num_params():,}",
-                 f"{self.tokens_per_step:,}", tc.batch_size, block, self.grad_accum_steps, world_size)
-
-    # ------------------------------------------------------------------------------------------ set-up
-
-    def _grad_accum_steps(self, block: int) -> int:
-        tc = self.cfg.trainer
-        if tc.tokens_per_step is None:
-            return tc.grad_accum_steps
-        micro = tc.batch_size * block * self.env.world_size
-        if tc.tokens_per_step % micro:
-            raise UserError(
-                f"trainer.tokens_per_step={tc.tokens_per_step} is not a multiple of "
-                f"batch_size x block_size x world_size = {micro} "
-                f"(try {max(1, round(tc.tokens_per_step / micro)) * micro})"
-            )
-        return tc.tokens_per_step // micro
-
-    def _resume_source(self) -> Path | None:
-        """The checkpoint to resume from, or None; refuses to overwrite an existing run's checkpoint."""
-        resume = self.cfg.trainer.resume
-        folder = self.out_dir / "checkpoints"
-        if resume == "auto":
-            # `last`, or `.last.old` when a crash hit between the two renames of a checkpoint swap
-            if any((folder / name / ckpt.META).is_file() for name in ("last", ".last.old")):
-                return ckpt.resolve_checkpoint(self.out_dir)
-            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", self.out_dir)
-            return None
-        if resume is not None:
-            return ckpt.resolve_checkpoint(resume)
-        if (folder / "last").exists() or (folder / ".last.old").exists():
-            raise UserError(
-                f"{self.out_dir} already holds a checkpoint; continue it with trainer.resume=auto, "
-                "or choose another hydra.run.dir"
-            )
-        return None
-
-    def _read_checkpoint(self, path: Path) -> dict:
-        """Check that `path` fits this run and load its weights into the (not yet wrapped) model; return the
-        rest of its state for `_restore`."""
-        meta = ckpt.read_meta(path)
-        if meta.get("model_config") != to_plain_dict(self.model.config):
-            raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
-                            "same model=... overrides (see its meta.json)")
-        distributed.check_resume_world_size(meta.get("world_size", 1), self.env, path)
-        if meta.get("step", 0) > self.cfg.trainer.max_steps:
-            raise UserError(f"trainer.max_steps={self.cfg.trainer.max_steps} is below the step of checkpoint "
-                            f"{path} ({meta['step']}); raise trainer.max_steps to continue training")
-        ckpt.load_weights(self.model, path)
-        return ckpt.load_state(path)
-
-    def _restore(self, state: dict) -> None:
-        """Continue exactly where the checkpoint stopped: optimizer, schedule, RNG and data order."""
-        distributed.load_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        self.loader.load_state_dict(state["loader"])  # ranks > 0 replay their own stream to the same point
-        ckpt.set_rng_state(state["rng"])
-        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
-        self.first_val_loss, self.best_val_loss = state["first_val_loss"], state["best_val_loss"]
+                 f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
+                 self.grad_accum_steps, env.world_size)
 
     # ------------------------------------------------------------------------------------------ the loop
 
     def fit(self) -> TrainResult:
-        tc, lc = self.cfg.trainer, self.cfg.logging
-        config_text = OmegaConf.to_yaml(to_plain_dict(self.cfg))
+        tc, lc, p = self.cfg.trainer, self.cfg.logging, self.progress
         interrupted, sample = False, ""
-        tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and lc.tensorboard)
-        with GracefulStop() as stop, tb as self.tb:
-            self.tb.text("config", config_text, self.step)
-            bar = tqdm(total=tc.max_steps, initial=self.step, unit="step", dynamic_ncols=True,
+        with GracefulStop() as stop, self.tb:
+            self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
+            bar = tqdm(total=tc.max_steps, initial=p.step, unit="step", dynamic_ncols=True,
                        disable=not (self.is_main and lc.progress_bar))
-            self._window_start, self._window_steps, self._window_time = time.perf_counter(), 0, 0.0
-            self._total_steps, self._total_time = 0, 0.0
             with logging_redirect_tqdm(), bar:
-                while self.step < tc.max_steps:
-                    if self.step % tc.eval_every == 0:
-                        self._eval_and_log()
+                while p.step < tc.max_steps:
+                    if p.step % tc.eval_every == 0:
+                        self._evaluate()
                     loss, grad_norm, lr = self._train_step()
-                    self.step += 1
-                    self.tokens_seen += self.tokens_per_step
-                    self._window_steps += 1
+                    p.step += 1
+                    p.tokens_seen += self.tokens_per_step
+                    self.meter.step_done()
                     bar.update(1)
-                    if self.step % lc.log_every == 0 or self.step == tc.max_steps:
+                    if p.step % lc.log_every == 0 or p.step == tc.max_steps:
                         self._log_interval(loss, grad_norm, lr, bar)
                     # The ranks agree on stopping (one tiny CPU all-reduce), so they stop at the same step.
                     if distributed.any_rank(stop.requested, self.env):
                         interrupted = True
                         break
-                    if self.step % tc.ckpt_every == 0 and self.step < tc.max_steps:
-                        self._pause_clock(lambda: self._save("last"))
+                    if p.step % tc.ckpt_every == 0 and p.step < tc.max_steps:
+                        with self.meter.paused():
+                            self._save("last")
             if not interrupted:
-                self._eval_and_log()
+                self._evaluate()
             self._save("last")
-            tokens_per_s = self._total_steps * self.tokens_per_step / max(self._total_time, 1e-9)
+            tokens_per_s = self.meter.run_tokens_per_s
             if not interrupted:
-                sample = self._sample()
-                final = {"val_loss": self.val_loss, "best_val_loss": self.best_val_loss,
+                sample = self.evaluation.sample()
+                final = {"val_loss": p.val_loss, "best_val_loss": p.best_val_loss,
                          "tokens_per_s": tokens_per_s}
-                self.tb.final(to_plain_dict(self.cfg), final)
+                self.tb.final(dataclasses.asdict(self.cfg), final)
         if interrupted and self.is_main:
-            log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, self.step,
+            log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
                         self.last_saved)
         elif not interrupted:
-            log.info("done: step %d, val loss %.4f (best %.4f, first %.4f), %s tok/s", self.step,
-                     self.val_loss, self.best_val_loss, self.first_val_loss, f"{tokens_per_s:,.0f}")
-        return TrainResult(self.step, self.tokens_seen, self.first_val_loss, self.val_loss,
-                           self.best_val_loss, tokens_per_s, sample, self.out_dir / "checkpoints" / "last",
-                           interrupted, self.nonfinite.skipped)
+            log.info("done: step %d, val loss %.4f (best %.4f, first %.4f), %s tok/s", p.step, p.val_loss,
+                     p.best_val_loss, p.first_val_loss, f"{tokens_per_s:,.0f}")
+        return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
+                           sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped)
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
         self.train_model.train()
         loss = accumulate_gradients(self.train_model, self.loader.next_batch, self.grad_accum_steps,
                                     self.runtime, self.scaler)
-        if self.nonfinite.should_skip(loss, self.step + 1, self.env):
+        if self.nonfinite.should_skip(loss, self.progress.step + 1, self.env):
             self.optimizer.zero_grad(set_to_none=True)
             lr = self.optimizer.param_groups[0]["lr"]
             self.scheduler.step()  # the step still counts: the schedule stays aligned with the step number
@@ -257,75 +201,41 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ reporting
 
-    def _pause_clock(self, fn) -> None:
-        """Run `fn` (evaluation, checkpointing) outside the throughput clock."""
-        self.runtime.synchronize()
-        self._window_time += time.perf_counter() - self._window_start
-        fn()
-        self._window_start = time.perf_counter()
-
     def _log_interval(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, bar: tqdm) -> None:
         """Read the device values (the one host sync per interval) and report them."""
         self.nonfinite.check(self.env, self._on_disk)
-        self.runtime.synchronize()
-        now = time.perf_counter()
-        elapsed = self._window_time + now - self._window_start
-        steps = self._window_steps
-        self._total_steps, self._total_time = self._total_steps + steps, self._total_time + elapsed
-        self._window_start, self._window_steps, self._window_time = now, 0, 0.0
+        interval = self.meter.interval()
         loss_v, norm_v = loss.item(), distributed.local_value(grad_norm).item()
-        tokens_per_s = steps * self.tokens_per_step / max(elapsed, 1e-9)
         self.tb.scalars({
             "train/loss": loss_v, "optim/lr": lr, "optim/grad_norm": norm_v,
-            "throughput/tokens_per_s": tokens_per_s, "throughput/step_s": elapsed / max(steps, 1),
-            "throughput/mfu": self.flops_per_token * tokens_per_s / self.peak_flops,
-            "mem/peak_gib": peak_memory_gib(self.runtime.device), "progress/tokens": self.tokens_seen,
-        }, self.step)
-        bar.set_postfix(loss=f"{loss_v:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-        log.debug("step %d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s", self.step, loss_v, lr, norm_v,
-                  tokens_per_s)
+            "throughput/tokens_per_s": interval.tokens_per_s, "throughput/step_s": interval.step_s,
+            "throughput/mfu": interval.mfu, "mem/peak_gib": peak_memory_gib(self.runtime.device),
+            "progress/tokens": self.progress.tokens_seen,
+        }, self.progress.step)
+        bar.set_postfix(loss=f"{loss_v:.3f}", lr=f"{lr:.2e}", tok_s=f"{interval.tokens_per_s:,.0f}",
+                        refresh=False)
+        log.debug("step %d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s", self.progress.step, loss_v, lr,
+                  norm_v, interval.tokens_per_s)
 
-    def _eval_and_log(self) -> None:
-        self._pause_clock(self._eval)
-
-    def _eval(self) -> None:
-        # Every rank evaluates the same batches (FSDP needs all ranks in every forward); averaging makes the
-        # value, and so the `best` decision, identical on all of them.
-        self.val_loss = distributed.mean_over_ranks(evaluate(self.model, self.val_batches, self.runtime),
-                                                    self.env)
-        if self.step == 0 or not math.isfinite(self.first_val_loss):
-            self.first_val_loss = self.val_loss
-        self.tb.scalars({"val/loss": self.val_loss, "val/ppl": math.exp(min(self.val_loss, 80.0)),
-                         "progress/tokens": self.tokens_seen}, self.step)
-        improved = self.val_loss < self.best_val_loss
-        self.best_val_loss = min(self.best_val_loss, self.val_loss)
-        log.info("step %d/%d: val loss %.4f (ppl %.1f)%s", self.step, self.cfg.trainer.max_steps,
-                 self.val_loss, math.exp(min(self.val_loss, 80.0)),
-                 " best" if improved and self.step > 0 else "")
-        if improved and self.step > 0:
-            self._save("best")
-        if self.step > 0:
-            self.tb.text("sample", self._sample(), self.step)
-        # Rank 0 alone draws them: not under FSDP, where every forward needs all ranks.
-        sharded = distributed.is_sharded(self.model)
-        if self.cfg.logging.attention_images and self.tb.writer is not None and not sharded:
-            # Imported here: matplotlib is only needed when the images are asked for.
-            from minigpt.inspect.attention_maps import log_attention_images
-
-            first_val_row = self.val_batches[0][0][0, :32]  # (T<=32,) token ids
-            log_attention_images(self.tb.writer, self.model, first_val_row, self.step, self.tokenizer)
-
-    def _sample(self) -> str:
-        """A text sample from rank 0 (the other ranks return "", after helping to gather FSDP shards)."""
-        lc = self.cfg.logging
-        if lc.sample_tokens == 0:
-            return ""
-        model = distributed.whole_model(self.model, self.env)
-        if model is None:
-            return ""
-        device = next(model.parameters()).device
-        return sample_text(model, self.tokenizer, lc.sample_prompt, lc.sample_tokens, lc.sample_temperature,
-                           self.cfg.trainer.seed, device)
+    def _evaluate(self) -> None:
+        """Validation loss (the same on every rank, so is the `best` decision), a sample, its reports."""
+        p = self.progress
+        with self.meter.paused():
+            p.val_loss = self.evaluation.val_loss()
+            if p.step == 0 or not math.isfinite(p.first_val_loss):
+                p.first_val_loss = p.val_loss
+            self.tb.scalars({"val/loss": p.val_loss, "val/ppl": math.exp(min(p.val_loss, 80.0)),
+                             "progress/tokens": p.tokens_seen}, p.step)
+            improved = p.val_loss < p.best_val_loss
+            p.best_val_loss = min(p.best_val_loss, p.val_loss)
+            log.info("step %d/%d: val loss %.4f (ppl %.1f)%s", p.step, self.cfg.trainer.max_steps, p.val_loss,
+                     math.exp(min(p.val_loss, 80.0)), " best" if improved and p.step > 0 else "")
+            if improved and p.step > 0:
+                self._save("best")
+            if p.step > 0:
+                self.tb.text("sample", self.evaluation.sample(), p.step)
+            if self.cfg.logging.attention_images:
+                self.evaluation.attention_images(self.tb.writer, p.step)
 
     def _on_disk(self) -> str:
         """The end of the non-finite loss message: what is still on disk."""
@@ -341,28 +251,9 @@ class Trainer:
             optimizer_state = distributed.optimizer_state_dict(self.model, self.optimizer)
         if not self.is_main:
             return
-        state = {
-            "step": self.step, "tokens_seen": self.tokens_seen,
-            "first_val_loss": self.first_val_loss, "best_val_loss": self.best_val_loss,
-            "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(), "loader": self.loader.state_dict(), "rng": ckpt.rng_state(),
-        }
-        meta = {
-            "step": self.step, "tokens_seen": self.tokens_seen, "val_loss": _finite_or_none(self.val_loss),
-            "best_val_loss": _finite_or_none(self.best_val_loss),
-            "model_config": to_plain_dict(self.model.config), "config": to_plain_dict(self.cfg),
-            "tokenizer": {"name": self.tokenizer.name, "vocab_size": self.tokenizer.vocab_size,
-                          "folder": ckpt.TOKENIZER},
-            "data": {"dir": str(self.data.dir), "fingerprint": self.data.meta.get("fingerprint"),
-                     "tokens": self.data.meta.get("tokens")},
-            "world_size": self.env.world_size, "strategy": self.cfg.trainer.strategy,
-            "versions": {"torch": torch.__version__},
-        }
+        p = self.progress
+        state = resume.training_state(p, optimizer_state, self.scheduler, self.scaler, self.loader)
+        meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
         path = ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, model, state, meta, self.tokenizer)
         if name == "last":
-            self.last_saved, self.last_saved_step = path, self.step
-
-
-def _finite_or_none(x: float) -> float | None:
-    """JSON has no infinity: a loss not measured yet is null."""
-    return x if math.isfinite(x) else None
+            self.last_saved, self.last_saved_step = path, self.progress.step

@@ -35,7 +35,7 @@ def build_tokenizer(cfg: TokenizerConfig, texts: Iterable[str] = ()) -> Tokenize
     them (pass the train split), char takes its alphabet from them (pass the whole corpus);
     gpt2 / cl100k / byte ignore them."""
     if cfg.kind == "bpe":
-        return train_bpe(texts, cfg.vocab_size, cfg.train_chars)
+        return train_bpe(texts, cfg.bpe_vocab_size, cfg.train_chars)
     if cfg.kind == "char":
         return CharTokenizer.from_texts(texts)
     if cfg.kind == "byte":

@@ -23,57 +23,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
-from minigpt.generation.kv_cache import KVCache
-from minigpt.generation.sampling import SamplingParams, sample
-from minigpt.generation.stopping import Rows, StopFn
-from minigpt.generation.window import default_keep, window_length
+from minigpt.model.kv_cache import KVCache
+from minigpt.sampling.naive import naive_stream_tokens
+from minigpt.sampling.next_token import sample
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.steps import GenerationResult, GenerationStats, Step
+from minigpt.sampling.stopping import Rows, StopFn
+from minigpt.sampling.window import default_keep, window_length
 
 # Token id written into the padding slots: any valid id works, the mask hides it.
 PAD_ID = 0
-
-
-@dataclass
-class Step:
-    """One decoding step: what each row emitted (None once finished) and the logits it came from."""
-
-    emitted: list[int | None]
-    done: list[bool]
-    logits: torch.Tensor  # (B, V) the last position's logits the tokens were sampled from
-
-
-@dataclass
-class GenerationStats:
-    """Counts and timings for the summary line; the loop fills them as it runs."""
-
-    batch_size: int = 0
-    prompt_tokens: int = 0  # summed over rows
-    new_tokens: int = 0  # emitted tokens, summed over rows (stop tokens excluded)
-    prefill_s: float = 0.0  # the first forward and the first sampled token
-    decode_s: float = 0.0  # everything after it, rebuilds included
-    decode_steps: int = 0  # decode forwards (rebuilds count as one)
-    reprefills: int = 0  # cache rebuilds after the window filled up
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        return self.decode_steps * self.batch_size / self.decode_s if self.decode_s > 0 else 0.0
-
-    def summary(self) -> str:
-        return (
-            f"prompt tokens: {self.prompt_tokens} | new tokens: {self.new_tokens} | "
-            f"prefill: {self.prefill_s * 1e3:.1f} ms | decode: {self.decode_tokens_per_s:.1f} tokens/s"
-            + (f" | window rebuilds: {self.reprefills}" if self.reprefills else "")
-        )
-
-
-@dataclass
-class GenerationResult:
-    tokens: list[list[int]]  # per row: the generated ids, stop token excluded
-    stats: GenerationStats
-    logits: list[torch.Tensor] = field(default_factory=list)  # per step (B, V), when asked for
 
 
 def prefill_windows(model: torch.nn.Module, cache: KVCache, windows: list[list[int]]) -> torch.Tensor:
@@ -158,8 +120,6 @@ def generate(
     keep_logits: bool = False,
 ) -> GenerationResult:
     """Run `stream_tokens` (or, with use_cache=False, the naive reference) to the end and collect rows."""
-    from minigpt.generation.naive import naive_stream_tokens  # the reference imports this module's types
-
     stats = GenerationStats()
     run = stream_tokens if use_cache else naive_stream_tokens
     out: list[list[int]] = [[] for _ in prompts]
@@ -175,3 +135,25 @@ def generate(
         if keep_logits:
             logits.append(step.logits)
     return GenerationResult(out, stats, logits)
+
+
+def sample_text(
+    model: torch.nn.Module, tokenizer, prompt: str, max_new_tokens: int, temperature: float, seed: int
+) -> str:
+    """A short continuation of `prompt` (or of a document start when empty), for eyeballing progress.
+
+    The trainer calls this at every evaluation. Uses the KV-cached generator with its own seeded
+    `torch.Generator`, never the global RNG, so sampling during training cannot change the training run;
+    the model's mode is restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    ids = tokenizer.encode(prompt) if prompt else [tokenizer.eot_id]
+    device = next(model.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    try:
+        result = generate(model, [ids], max_new_tokens=max_new_tokens, params=SamplingParams(temperature),
+                          generator=gen, stop_ids=[tokenizer.eot_id])  # the end of a document ends it
+    finally:
+        model.train(was_training)
+    return prompt + tokenizer.decode(result.tokens[0])

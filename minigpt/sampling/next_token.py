@@ -20,30 +20,9 @@ never be drawn.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from minigpt.generation.config import validate_sampling
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to pick a token from logits. Defaults: plain sampling at T = 1, no filters."""
-
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    # Sample only ids below this: a model's vocabulary may be padded past the tokenizer's (e.g.
-    # 50257 -> 50304 for faster matmuls), and those extra ids decode to nothing.
-    vocab_size: int | None = None
-
-    def __post_init__(self) -> None:
-        validate_sampling(self.temperature, self.top_k, self.top_p)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+from minigpt.sampling.params import SamplingParams
 
 
 def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -143,20 +143,6 @@ def _fsync_dir(folder: Path) -> None:
 # ---------------------------------------------------------------------------------------------------- load
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The checkpoint folder meant by `path`: itself, or a run folder's `checkpoints/last`; else UserError."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise UserError(f"checkpoint path {str(path)!r} does not exist (give a checkpoint or run folder)")
-    candidates = [path, path / "checkpoints" / "last", path / "checkpoints" / ".last.old", path / "last"]
-    for c in candidates:
-        if (c / META).is_file():
-            return c
-    raise UserError(
-        f"{str(path)!r} is neither a checkpoint folder (with {META}) nor a run folder with checkpoints/last"
-    )
-
-
 def read_meta(ckpt: Path) -> dict[str, Any]:
     """The checkpoint's meta.json, with its format version checked."""
     try:
@@ -213,38 +199,3 @@ def load_state(ckpt: Path, map_location: str | torch.device = "cpu") -> dict[str
     except Exception as e:  # torch raises several types for truncated or tampered files
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(f"cannot load {str(file)!r}: {first[:200]} (the file is corrupt)") from None
-
-
-def load_checkpoint_for_inference(
-    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> tuple[nn.Module, Any, dict[str, Any]]:
-    """(model in eval mode, tokenizer, meta) from a checkpoint folder or a run folder."""
-    from minigpt.data.tokenizers import load_tokenizer
-    from minigpt.model import build_model
-    from minigpt.model.config import ModelConfig
-
-    ckpt = resolve_checkpoint(path)
-    meta = read_meta(ckpt)
-    try:
-        model_cfg = ModelConfig(**meta["model_config"])
-    except (KeyError, TypeError) as e:
-        raise UserError(f"checkpoint {str(ckpt)!r} has no usable model_config in {META} ({e})") from None
-    model = build_model(model_cfg)
-    load_weights(model, ckpt)
-    model.to(device=device, dtype=dtype).eval()
-    if not (ckpt / TOKENIZER).is_dir():
-        raise UserError(f"checkpoint {str(ckpt)!r} has no {TOKENIZER}/ folder; it is incomplete")
-    tokenizer = load_tokenizer(ckpt / TOKENIZER)
-    return model, tokenizer, meta
-
-
-def find_latest_checkpoint(outputs_root: Path = Path("outputs")) -> Path:
-    """The `last` checkpoint of the most recently written training run under `outputs_root`."""
-    root = Path(outputs_root) / "train"
-    metas = list(root.glob("**/checkpoints/last/" + META)) if root.is_dir() else []
-    if not metas:
-        raise UserError(
-            f"no training checkpoint under {str(root)!r} "
-            "(train one with `make train`, or pass checkpoint=<path>)"
-        )
-    return max(metas, key=lambda m: m.stat().st_mtime).parent

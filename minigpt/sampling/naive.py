@@ -16,10 +16,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from minigpt.generation.generate import GenerationStats, Step
-from minigpt.generation.sampling import SamplingParams, sample
-from minigpt.generation.stopping import Rows, StopFn
-from minigpt.generation.window import default_keep, window_length
+from minigpt.sampling.next_token import sample
+from minigpt.sampling.params import SamplingParams
+from minigpt.sampling.steps import GenerationStats, Step
+from minigpt.sampling.stopping import Rows, StopFn
+from minigpt.sampling.window import default_keep, window_length
 
 
 @torch.no_grad()

@@ -1,4 +1,5 @@
-"""Device, precision and compilation choices, resolved once from `DeviceConfig`.
+"""Device, precision and compilation choices, resolved once: `resolve_runtime` for training,
+`inference_device` for generation and the tools. The only place either is decided.
 
 Mixed precision: the weights and the optimizer stay in float32; `autocast` runs the matmuls in a 16-bit
 type. bfloat16 has float32's exponent range, so it needs no loss scaling; float16 does (its smallest normal
@@ -17,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minigpt.device.config import DeviceConfig
 from minigpt.errors import UserError
-from minigpt.training.config import DeviceConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,25 @@ class Runtime:
 
     def synchronize(self) -> None:
         """Wait for queued device work; called only at log intervals, to time honestly."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "mps":
-            torch.mps.synchronize()
+        synchronize(self.device)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until the device has finished its queued work (a no-op on CPU, whose ops run when called)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 
 def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
     """Pick the device, the autocast dtype and whether to compile; enable TF32 on CUDA if asked."""
     device = _pick_device(cfg.type, local_rank)
     dtype = _pick_dtype(cfg.dtype, device)
-    # CPU, measured on this project's 2-core machine with the tiny model: compiled steps ran 1.7x faster, but
-    # the first compilation took ~90 s (10 s from a warm cache), which a few-minute `make train` does not win
-    # back; it also needs a C++ toolchain. On CUDA compilation pays for itself within minutes.
+    # CPU, measured by `make bench` on this project's 2-core machine (README, Performance): compiled steps ran
+    # 1.1x faster on shape M after 14-50 s of compilation, which a few-minute `make train` does not win back;
+    # it also needs a C++ toolchain. On CUDA compilation pays for itself within minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
     problem = compile_problem(device) if compile_model else None
     if problem and cfg.compile:
@@ -81,6 +88,24 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
     dtype_name = str(dtype).removeprefix("torch.")
     log.info("device %s, autocast dtype %s, compile %s", device, dtype_name, compile_model)
     return Runtime(device=device, dtype=dtype, compile=compile_model)
+
+
+def inference_device(device: str, weights_dtype: str) -> tuple[torch.device, torch.dtype]:
+    """The device (`device.type` of a tool) and the weights' dtype (`weights_dtype`) for generation and tools.
+
+    weights_dtype=auto: bfloat16 on a CUDA GPU that has it (float16 on older ones), float32 elsewhere: on a
+    CPU the float32 kernels are the mature ones, and 16-bit weights there are an explicit choice.
+    """
+    torch_device = _pick_device(device, 0)
+    name = weights_dtype
+    if name == "auto":
+        if torch_device.type == "cuda":
+            name = "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
+        else:
+            name = "float32"
+    if name == "float16" and torch_device.type == "cpu":
+        raise UserError("weights_dtype=float16 is not supported on CPU (use float32 or bfloat16)")
+    return torch_device, _DTYPES[name]
 
 
 def compile_problem(device: torch.device) -> str | None:
@@ -111,7 +136,7 @@ def _pick_device(kind: str, local_rank: int) -> torch.device:
             raise UserError("device.type=cuda but no CUDA device is available (use device=cpu or auto)")
         return torch.device("cuda", local_rank)
     if kind == "mps" and not torch.backends.mps.is_available():
-        raise UserError("device.type=mps but MPS is not available (use device=cpu or device=auto)")
+        raise UserError("device.type=mps but MPS is not available (use device=cpu or auto)")
     return torch.device(kind)
 
 
@@ -129,28 +154,46 @@ def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
+def datasheet_tflops(device: torch.device) -> float | None:
+    """Dense bf16 tensor-core TFLOP/s of a known CUDA device (GPU_PEAK_TFLOPS), else None."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((tflops for key, tflops in GPU_PEAK_TFLOPS.items() if key in name), None)
+
+
 def peak_flops(cfg: DeviceConfig, runtime: Runtime) -> float:
     """The device's peak FLOP/s for MFU: configured, looked up for known GPUs, or measured with a matmul."""
     if cfg.peak_tflops is not None:
         return cfg.peak_tflops * 1e12
-    if runtime.type == "cuda":
-        name = torch.cuda.get_device_name(runtime.device)
-        for key, tflops in GPU_PEAK_TFLOPS.items():
-            if key in name:
-                return tflops * 1e12
-    return _measure_matmul_flops(runtime)
+    tflops = datasheet_tflops(runtime.device)
+    if tflops is not None:
+        return tflops * 1e12
+    return measure_matmul_flops(512, runtime.dtype, runtime.device, seconds=0.2)
 
 
-def _measure_matmul_flops(runtime: Runtime, n: int = 512, seconds: float = 0.2) -> float:
-    """Dense matmul throughput in the autocast dtype: the best this device does on the model's main op."""
+def measure_matmul_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float = 0.5) -> float:
+    """Best FLOP/s of (n x n) @ (n x n) in `dtype`: batches of calls are timed, the fastest batch counts.
+
+    Square matmuls of a few hundred rows and more are the most favourable work the machine does, so a model's
+    MFU against this says how close its mix of ops comes to the best case.
+    """
     gen = torch.Generator().manual_seed(0)  # its own generator: the training RNG stream stays untouched
-    a = torch.randn(n, n, generator=gen).to(runtime.device, runtime.dtype)
-    b = torch.randn(n, n, generator=gen).to(runtime.device, runtime.dtype)
-    a @ b  # warm-up
-    runtime.synchronize()
-    count, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ b
-        count += 1
-    runtime.synchronize()
-    return 2 * n**3 * count / (time.perf_counter() - start)
+    a = torch.randn(n, n, generator=gen).to(device, dtype)
+    b = torch.randn(n, n, generator=gen).to(device, dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm-up: thread pool, packing buffers, kernel selection
+    best, deadline = 0.0, time.perf_counter() + seconds
+    calls = 1
+    while True:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            torch.matmul(a, b, out=out)
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        best = max(best, 2 * n**3 * calls / elapsed)
+        if time.perf_counter() > deadline:
+            return best
+        if elapsed < 0.05:  # too short to time reliably: make the batch bigger
+            calls *= 2

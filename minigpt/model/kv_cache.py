@@ -36,10 +36,6 @@ class KVCache:
         self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
         self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
 
-    @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
     def set_padding(self, pad: torch.Tensor) -> None:
         """Declare per-row left padding, (B,) ints. Call on an empty cache, before the prefill."""
         if self.length:

@@ -1,0 +1,114 @@
+"""A run's checkpoints: which one a run continues from, what it saves, and how it picks up exactly.
+
+`trainer.resume`:
+    null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite)
+    auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
+    <path>        a checkpoint folder or run folder, continued in this (new) run folder
+
+Resuming restores everything a step depends on (weights, optimizer, schedule, loss scaler, RNG, the data
+stream's position), so 10 steps + resume + 10 steps equals 20 straight steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import resolve_checkpoint
+from minigpt.errors import UserError
+from minigpt.training import distributed
+from minigpt.training.config import TrainConfig
+from minigpt.training.dist_env import DistEnv
+
+
+def resume_source(cfg: TrainConfig, out_dir: Path) -> Path | None:
+    """The checkpoint to resume from, or None; refuses to overwrite an existing run's checkpoint.
+
+    Called before any work, so a bad path fails at once.
+    """
+    resume = cfg.trainer.resume
+    folder = out_dir / "checkpoints"
+    if resume == "auto":
+        if any((folder / name / ckpt.META).is_file() for name in ("last", ".last.old")):
+            return resolve_checkpoint(out_dir)
+        return None
+    if resume is not None:
+        return resolve_checkpoint(resume)
+    if (folder / "last").exists() or (folder / ".last.old").exists():
+        raise UserError(
+            f"{out_dir} already holds a checkpoint; continue it with trainer.resume=auto, "
+            "or choose another hydra.run.dir"
+        )
+    return None
+
+
+def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+    """Check that checkpoint `path` fits this run, load its weights into the (not yet wrapped) model, and
+    return the rest of its state for `restore`."""
+    meta = ckpt.read_meta(path)
+    if meta.get("model_config") != dataclasses.asdict(model.config):
+        raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
+                        "same model=... overrides (see its meta.json)")
+    distributed.check_resume_world_size(meta.get("world_size", 1), env, path)
+    if meta.get("step", 0) > cfg.trainer.max_steps:
+        raise UserError(f"trainer.max_steps={cfg.trainer.max_steps} is below the step of checkpoint "
+                        f"{path} ({meta['step']}); raise trainer.max_steps to continue training")
+    ckpt.load_weights(model, path)
+    return ckpt.load_state(path)
+
+
+def finite_or_none(x: float) -> float | None:
+    """JSON has no infinity: a loss not measured yet is null."""
+    return x if math.isfinite(x) else None
+
+
+@dataclasses.dataclass
+class Progress:
+    """The run's counters: saved in every checkpoint and restored on resume."""
+
+    step: int = 0  # optimizer steps taken
+    tokens_seen: int = 0  # training tokens over all ranks
+    first_val_loss: float = math.inf
+    val_loss: float = math.inf  # of the latest evaluation
+    best_val_loss: float = math.inf
+
+
+def training_state(progress: Progress, optimizer_state: dict, scheduler, scaler, loader) -> dict[str, Any]:
+    """state.pt's content: every stream a step depends on (plain tensors and containers only)."""
+    return {
+        "step": progress.step, "tokens_seen": progress.tokens_seen,
+        "first_val_loss": progress.first_val_loss, "best_val_loss": progress.best_val_loss,
+        "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+        "loader": loader.state_dict(), "rng": ckpt.rng_state(),
+    }
+
+
+def restore(state: dict[str, Any], model, optimizer, scheduler, scaler, loader) -> Progress:
+    """Continue exactly where the checkpoint stopped: optimizer, schedule, RNG and data order."""
+    distributed.load_optimizer_state_dict(model, optimizer, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    scaler.load_state_dict(state["scaler"])
+    loader.load_state_dict(state["loader"])  # ranks > 0 replay their own stream to the same point
+    ckpt.set_rng_state(state["rng"])
+    return Progress(step=state["step"], tokens_seen=state["tokens_seen"],
+                    first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
+
+
+def checkpoint_meta(progress: Progress, cfg: TrainConfig, model, tokenizer, data, env: DistEnv) -> dict:
+    """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra)."""
+    p = progress
+    return {
+        "step": p.step, "tokens_seen": p.tokens_seen,
+        "val_loss": finite_or_none(p.val_loss), "best_val_loss": finite_or_none(p.best_val_loss),
+        "model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
+        "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "folder": ckpt.TOKENIZER},
+        "data": {"dir": str(data.dir), "fingerprint": data.meta.get("fingerprint"),
+                 "tokens": data.meta.get("tokens")},
+        "world_size": env.world_size, "strategy": cfg.trainer.strategy,
+        "versions": {"torch": torch.__version__},
+    }
