@@ -88,6 +88,7 @@ def format_generation(r: dict) -> list[str]:
         out.append(f"Of minigpt fp32's step at ~{p0}, {overhead[p0]['median'] * 1e3:.1f} ms "
                    f"({share * 100:.0f}%) is overhead (the same ops on negligible weights), the rest reads "
                    "weights and cache")
+    out += [f"  {n}" for n in r.get("notes", [])]
     pf = r["prefill"]
     out.append(f"Prefill of {pf['tokens']} tokens: minigpt {_t(pf['minigpt fp32'])}, "
                f"reference {_t(pf['reference fp32'])}")

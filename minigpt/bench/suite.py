@@ -15,9 +15,10 @@ under a minute, for smoke tests. Sections:
     compile     (only when asked for) does torch.compile pay for a default `make train` run? compile time,
                 eager vs compiled steps, break-even step count
 
-bf16 contenders of the training step run only where bf16 matmuls are at least half as fast as
-fp32 ones: on a CPU without native bf16 units (AVX2-only, like the project's 2-core machine) they
-are emulated ~50x slower and would take minutes per step to confirm what the peak already says.
+bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
+are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only, like the
+project's 2-core machine) they are emulated ~100x slower and would take minutes per step to confirm
+what the peak already says.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 
 
+def bf16_is_fast(peak: dict) -> bool:
+    """Whether bf16 matmuls run at least half as fast as fp32 here (native units), by the peak section."""
+    return peak["bf16_flops"] >= 0.5 * peak["fp32_flops"]
+
+
 def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str = "M") -> tuple[tuple, list]:
     """The training contenders worth running here, and a note for each one left out.
 
@@ -51,7 +57,7 @@ def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str 
     forces it."""
     dtypes = ["fp32"]
     notes = []
-    if peak["bf16_flops"] >= 0.5 * peak["fp32_flops"]:
+    if bf16_is_fast(peak):
         dtypes.append("bf16")
     else:
         notes.append(f"bf16 contenders skipped: bf16 matmuls run at {peak['bf16_flops'] / 1e9:.2f} GFLOP/s "
@@ -123,11 +129,11 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
         result["trainer_default"] = trainer_default(device)
         return result
     if name == "generation":
-        bandwidth = peak["read_bytes_per_s"]
+        kw = {"read_bytes_per_s": peak["read_bytes_per_s"], "reference_bf16": bf16_is_fast(peak)}
         if quick:  # the same model; fewer tokens and repeats
             return bench_generation(device, new_tokens=16, repeats=1, latency_repeats=2,
-                                    latency_positions=(64, 1000), read_bytes_per_s=bandwidth)
-        return bench_generation(device, read_bytes_per_s=bandwidth)
+                                    latency_positions=(64, 1000), **kw)
+        return bench_generation(device, **kw)
     if name == "attention":
         lengths = (512, 2048) if quick else (512, 2048, 8192)
         return bench_attention(device, lengths=lengths, repeats=1 if quick else 2)

@@ -73,9 +73,10 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path
     `choose_cpu_dtype` decide; the log line says what was chosen and why."""
     device = _pick_device(cfg.type, local_rank)
     dtype, why = _pick_dtype(cfg.dtype, device, lambda: cpu_probe(probe_cache))
-    # CPU, measured by `make bench` on this project's 2-core machine (README, Performance): compiled steps ran
-    # 1.1x faster on shape M after 14-50 s of compilation, which a few-minute `make train` does not win back;
-    # it also needs a C++ toolchain. On CUDA compilation pays for itself within minutes.
+    # CPU, measured on this project's 2-core machine (`bench.py --only compile`; README, Performance): the
+    # default run's model compiled in 80-140 s and then stepped 1.03-1.2x faster, won back after 150-2100
+    # steps against the 400 of a `make train`; it also needs a C++ toolchain. On CUDA compiling pays for
+    # itself within minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
     problem = compile_problem(device) if compile_model else None
     if problem and cfg.compile:
