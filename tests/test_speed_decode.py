@@ -60,7 +60,7 @@ def test_prepare_for_decoding_follows_the_measurement(monkeypatch, caplog, speed
     measured = []
     monkeypatch.setattr(cli, "in_out_layout_speedup", lambda w: measured.append(w.shape) or speedup)
     model = _tiny()
-    with caplog.at_level(logging.INFO, logger="minigpt.generation.cli"):
+    with caplog.at_level(logging.DEBUG, logger="minigpt.generation.cli"):
         assert cli.prepare_for_decoding(model) is model
     assert measured == [(61, 32)]  # the head's weight, the largest of a decode step
     assert all((m.weight.stride()[0] == 1) == in_out for m in _linears(model))

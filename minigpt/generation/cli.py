@@ -50,7 +50,7 @@ def prepare_for_decoding(model: GPT) -> GPT:
     if weight.device.type == "cpu":
         speedup = in_out_layout_speedup(weight)
         in_out = speedup >= IN_OUT_MIN_SPEEDUP
-        log.info("decode weights %s: one-row products measured %.2fx as fast laid out (in, out)",
+        log.debug("decode weights %s: one-row products measured %.2fx as fast laid out (in, out)",
                  "laid out (in, out)" if in_out else "kept (out, in)", speedup)
     return model.prepare_for_inference(in_out_layout=in_out)
 
