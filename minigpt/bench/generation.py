@@ -8,8 +8,8 @@ weight layout measured fastest for one-row products, per dtype).
 Measured:
 
 - tokens/s of whole `generate` calls: minigpt cached and HF `generate`, each with fp32 and bf16 weights
-  (best with best; HF's bf16 only where bf16 matmuls are native), minigpt uncached (the O(T^2) reference in sampling/naive.py); the ratios are the
-  headline numbers
+  (best with best; HF's bf16 only where bf16 matmuls are native), minigpt uncached (the O(T^2)
+  reference in sampling/naive.py); the ratios are the headline numbers
 - MBU, memory-bandwidth utilisation: the bytes a decode step must read (every weight once, plus the
   KV cache so far) per second, over the read bandwidth measured in the peak section. Decoding one token
   does ~2 FLOPs per weight byte it reads, so it is bound by memory, and MBU says how close it comes
@@ -147,17 +147,8 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
             timings["minigpt uncached fp32"] = Timing.from_samples(
                 [time_call(lambda: minigpt_generate(models["fp32"], prompt, new_tokens, use_cache=False),
                            device)])
-    rows = {name: {"time_s": t.to_dict(), "tokens_per_s": new_tokens / t.median}
-            for name, t in timings.items()}
-    best_ref = max(row["tokens_per_s"] for name, row in rows.items() if name.startswith("reference"))
     mean_cached = prompt_len + (new_tokens - 1) / 2  # tokens in the cache, averaged over the decode steps
-    for name, row in rows.items():
-        row["vs_reference"] = row["tokens_per_s"] / best_ref
-        row["vs_minigpt_cached_fp32"] = row["tokens_per_s"] / rows["minigpt cached fp32"]["tokens_per_s"]
-        if "uncached" not in name:  # the uncached path re-reads the whole context: its MBU means nothing
-            m = models[name.split()[-1]]
-            row["bytes_per_token"] = weight_bytes(m) + mean_cached * kv_bytes_per_token(m)
-            row["mbu"] = mbu(row["bytes_per_token"], 1 / row["tokens_per_s"], read_bytes_per_s)
+    rows = _rows(timings, models, new_tokens, mean_cached, read_bytes_per_s)
     ours = outputs["minigpt cached fp32"]
     same = lambda other: sum(a == b for a, b in zip(ours, outputs[other], strict=True))
     result = {
@@ -172,6 +163,22 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
                                  read_bytes_per_s)
     result["prefill"] = _prefill(models["fp32"], refs["fp32"], prefill_len, repeats, device, gen)
     return result
+
+
+def _rows(timings: dict[str, Timing], models: dict[str, GPT], new_tokens: int, mean_cached: float,
+          bandwidth: float | None) -> dict:
+    """tokens/s, ratios (to the best reference, to minigpt cached fp32) and MBU of each generate contender."""
+    rows = {name: {"time_s": t.to_dict(), "tokens_per_s": new_tokens / t.median}
+            for name, t in timings.items()}
+    best_ref = max(row["tokens_per_s"] for name, row in rows.items() if name.startswith("reference"))
+    for name, row in rows.items():
+        row["vs_reference"] = row["tokens_per_s"] / best_ref
+        row["vs_minigpt_cached_fp32"] = row["tokens_per_s"] / rows["minigpt cached fp32"]["tokens_per_s"]
+        if "uncached" not in name:  # the uncached path re-reads the whole context: its MBU means nothing
+            m = models[name.split()[-1]]
+            row["bytes_per_token"] = weight_bytes(m) + mean_cached * kv_bytes_per_token(m)
+            row["mbu"] = mbu(row["bytes_per_token"], 1 / row["tokens_per_s"], bandwidth)
+    return rows
 
 
 def overhead_model(device: torch.device) -> GPT:
