@@ -134,3 +134,23 @@ def test_a_sweep_on_slurm_without_the_plugin_says_how_to_install_it(monkeypatch,
     assert result.err_lines == ["error: hydra/launcher=slurm needs Hydra's submitit launcher plugin: "
                                 "pip install -e '.[cluster]'"]
     assert not (tmp_path / "sweep").exists()
+
+
+def test_a_follower_closes_the_log_file_hydra_opened_for_it(tmp_path):
+    """In a submitit job Hydra's job ran in every task, with the run's log file open in each."""
+    import logging
+
+    from minigpt.training import launch
+
+    root = logging.getLogger()
+    saved = (root.level, list(root.handlers))
+    file_handler, console = logging.FileHandler(tmp_path / "train.log"), logging.StreamHandler()
+    root.handlers[:] = [console, file_handler]
+    try:
+        launch._leave_the_logs_to_rank0()
+        assert root.handlers == [console] and root.level == logging.ERROR
+        logging.getLogger("minigpt").error("from rank 1")
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
+    assert (tmp_path / "train.log").read_text() == ""
