@@ -42,9 +42,7 @@ def sweep(tmp_path_factory):
     # The reference first (it also prepares the data cache the jobs then reuse): job 0's config, 2 ranks.
     reference = to_object(compose_train([*common, "trainer.max_steps=2"]), TrainConfig)
     train_two_ranks([(reference, root / "reference")])
-    # A launch folder outside the corpus' folder: the text source names files relative to the launch folder
-    # when it can, and the train/val split hashes those names.
-    (root / "cwd").mkdir()
+    (root / "cwd").mkdir()  # where the sweep is launched: nothing may appear there
     proc = _train(root / "cwd", "-m", "hydra/launcher=local", "hydra.launcher.tasks_per_node=2", *common,
                   f"trainer.max_steps={','.join(STEPS)}", f"hydra.sweep.dir={root / 'sweep'}")
     return root, proc
