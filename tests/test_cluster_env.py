@@ -6,6 +6,7 @@ The references are independent: submitit's own parser of SLURM node lists and it
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -107,7 +108,7 @@ def test_the_resume_command_names_the_same_launcher(env, launcher, tmp_path):
 
 @pytest.mark.parametrize("option, plugin_option, chosen", [
     ("local", "submitit_local", {"submitit_folder", "gpus_per_node"}),
-    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node"}),
+    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node", "setup"}),
 ])
 def test_launcher_options_extend_the_plugins_and_restate_only_its_defaults(option, plugin_option, chosen):
     """configs/hydra/launcher/<option>.yaml is the plugin's config; only `chosen` keys leave its defaults."""
@@ -154,3 +155,37 @@ def test_a_follower_closes_the_log_file_hydra_opened_for_it(tmp_path):
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
     assert (tmp_path / "train.log").read_text() == ""
+
+
+class _Submitted(Exception):
+    """Raised instead of calling sbatch: carries the script submitit would have submitted."""
+
+
+def test_the_slurm_option_becomes_this_sbatch_script(monkeypatch, capsys, tmp_path):
+    """The real sweep command up to sbatch: our keys, through the plugin, into submitit's sbatch script."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    import submitit
+    from cli_helpers import run_script
+
+    fake_bin = tmp_path / "bin"  # submitit's SLURM executor wants srun on PATH before it writes anything
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text("#!/bin/sh\nexit 1\n")
+    (fake_bin / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake_bin}:{os.environ['PATH']}")
+
+    def map_array(executor, fn, *args):
+        raise _Submitted(executor._executor._make_submission_file_text("COMMAND", "uid"))
+
+    monkeypatch.setattr(submitit.AutoExecutor, "map_array", map_array)
+    sweep = tmp_path / "sweep"
+    with pytest.raises(_Submitted) as submitted:
+        run_script("train", ["-m", "hydra/launcher=slurm", "hydra.launcher.partition=gpu",
+                             "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=8",
+                             "hydra.launcher.timeout_min=240", "optim.lr=1e-3,3e-3",
+                             f"hydra.sweep.dir={sweep}"], capsys)
+    script = str(submitted.value)
+    for flag in ("--partition=gpu", "--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--time=240",
+                 f"--output={sweep}/.submitit/%j_0_log.out"):
+        assert f"#SBATCH {flag}\n" in script, flag
+    setup, command = script.index("export SLURM_KILL_BAD_EXIT=1"), script.index("srun --unbuffered")
+    assert setup < command and script.rstrip().endswith("COMMAND")
