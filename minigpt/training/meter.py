@@ -58,6 +58,15 @@ class ThroughputMeter:
         finally:
             self.start = self.clock()
 
+    @property
+    def seconds(self) -> float:
+        """Training time since the meter was built: every closed interval, plus the open one up to now.
+
+        Call it between steps, not inside `paused()`. No device sync: on a GPU the host may be a step or two
+        ahead of the queued work, which `interval()` settles at the next log line.
+        """
+        return self.total_time + self.window_time + self.clock() - self.start
+
     def interval(self) -> Interval:
         """Close the current interval (one device sync) and return what it measured."""
         self.synchronize()
