@@ -91,8 +91,9 @@ def test_stops_within_one_step_of_the_budget(make_train_cfg, tmp_path: Path, ste
 def test_the_lr_follows_the_time_used_and_reaches_its_floor_at_the_budgets_end(make_train_cfg, tmp_path: Path,
                                                                                schedule: str):
     peak, floor_ratio, step_s, budget = 1e-2, 0.1, 0.5, 8.0
-    cfg = make_train_cfg(*TIMED, f"trainer.max_time={budget}s", f"optim.lr={peak}", f"optim.schedule={schedule}",
-                         "optim.cooldown_ratio=0.5", f"optim.min_lr_ratio={floor_ratio}")
+    cfg = make_train_cfg(*TIMED, f"trainer.max_time={budget}s", f"optim.lr={peak}",
+                         f"optim.schedule={schedule}", "optim.cooldown_ratio=0.5",
+                         f"optim.min_lr_ratio={floor_ratio}")
     trainer = timed_trainer(cfg, tmp_path / "run", step_s)
     trainer.fit()
     lrs = _lrs(tmp_path / "run")  # logged at step k+1 for the update of step k

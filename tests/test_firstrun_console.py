@@ -22,13 +22,15 @@ class Terminal(io.StringIO):
 def test_without_a_tty_the_real_script_prints_plain_lines_and_no_carriage_returns(tmp_path: Path,
                                                                                   corpus_dir: Path, capsys):
     run = tmp_path / "run"
-    result = run_script("train", [*fast_overrides(tmp_path, corpus_dir), "logging.progress_bar=true",
-                                  "trainer.max_steps=6", "logging.log_every=2", f"hydra.run.dir={run}"], capsys)
+    args = [*fast_overrides(tmp_path, corpus_dir), "logging.progress_bar=true", "trainer.max_steps=6",
+            "logging.log_every=2", f"hydra.run.dir={run}"]
+    result = run_script("train", args, capsys)
     assert result.code == 0, result.err
     log_file = (run / "train.log").read_text()
     for text in (result.out, result.err, log_file):
         assert "\r" not in text
-    pattern = r"step (\d+)/6 \| loss [\d.]+ \| lr [\d.e+-]+ \| [\d,]+ tok/s \| \d+:\d\d trained, ~\d+:\d\d left"
+    pattern = (r"step (\d+)/6 \| loss [\d.]+ \| lr [\d.e+-]+ \| [\d,]+ tok/s \| "
+               r"\d+:\d\d trained, ~\d+:\d\d left")
     assert [int(s) for s in re.findall(pattern, result.out)] == [2, 4, 6]  # every log_every steps
     assert [int(s) for s in re.findall(pattern, log_file)] == [2, 4, 6]  # and in the run's log file
 
@@ -55,7 +57,8 @@ def test_elsewhere_the_display_writes_nothing_on_the_stream_but_logs_each_report
 
 def test_progress_bar_false_shows_neither(caplog):
     terminal = Terminal()
-    with caplog.at_level(logging.INFO), ProgressDisplay(False, Budget(4, None), 0, stream=terminal) as display:
+    display = ProgressDisplay(False, Budget(4, None), 0, stream=terminal)
+    with caplog.at_level(logging.INFO), display:
         display.step_done()
         display.report(1, 2.5, 1e-3, 1000.0, 1.0, 1.0)
     assert terminal.getvalue() == "" and not caplog.records

@@ -20,11 +20,12 @@ def _hparams_data(tb: Path) -> list[tuple[int, HParamsPluginData]]:
         for event in EventFileLoader(str(events)).Load():
             for value in event.summary.value:
                 if value.metadata.plugin_data.plugin_name == "hparams":
-                    found.append((event.step, HParamsPluginData.FromString(value.metadata.plugin_data.content)))
+                    data = HParamsPluginData.FromString(value.metadata.plugin_data.content)
+                    found.append((event.step, data))
     return found
 
 
-def test_final_metrics_are_the_runs_own_series_in_hparams_not_points_at_step_0(make_train_cfg, tmp_path: Path):
+def test_final_metrics_are_the_runs_own_series_in_hparams_not_lone_points(make_train_cfg, tmp_path: Path):
     out = tmp_path / "run"
     result = train(make_train_cfg("trainer.max_steps=6", "optim.lr=1e-2", "optim.schedule=wsd"), out)
     events = EventAccumulator(str(out / "tb"), size_guidance={"scalars": 0})

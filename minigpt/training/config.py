@@ -30,7 +30,7 @@ class OptimConfig:
     # cosine: decay over the whole budget | wsd: warmup-stable-decay, the peak held until the last
     # cooldown_ratio of the budget, then a straight line down to the floor
     schedule: str = "cosine"
-    cooldown_ratio: float = 0.2  # wsd only: the share of the budget spent decaying
+    cooldown_ratio: float = 0.2  # wsd only: the share of the budget spent decaying (0: a constant lr)
     weight_decay: float = 0.1  # matrices only; norms, biases and embeddings are not decayed
     beta1: float = 0.9
     beta2: float = 0.95  # shorter second-moment memory than Adam's 0.999: steadier with small batches
@@ -66,8 +66,8 @@ class TrainerConfig:
     """The training loop (`training/trainer.py`). One step is one optimizer update."""
 
     max_steps: int | None = 400  # null: no step limit (then set max_time)
-    # A budget of training time, e.g. 90s, 3min, 1h (training/budget.py); with max_steps, the first one reached
-    # ends the run. Evaluation and checkpoints are not counted.
+    # A budget of training time, e.g. 90s, 3min, 1h (training/budget.py); with max_steps, the first one
+    # reached ends the run. Evaluation and checkpoints are not counted.
     max_time: str | None = None
     batch_size: int = 16  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step

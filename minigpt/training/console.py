@@ -38,7 +38,8 @@ class ProgressDisplay:
     every log interval.
     """
 
-    def __init__(self, enabled: bool, budget: Budget, initial_step: int, stream: TextIO | None = None) -> None:
+    def __init__(self, enabled: bool, budget: Budget, initial_step: int,
+                 stream: TextIO | None = None) -> None:
         stream = sys.stderr if stream is None else stream
         self.budget = budget
         self.bar_mode = enabled and is_terminal(stream)

@@ -64,20 +64,20 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
 
 def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,
                   cooldown_ratio: float) -> float:
-    """The factor on the peak lr for optimizer step `step` (0-based), taken with `progress` of the budget used.
+    """The factor on the peak lr for optimizer step `step` (0-based), with `progress` of the budget used.
 
         warmup(step) = min(1, (step + 1) / warmup_steps)          (1 without warmup)
         cosine(p)    = floor + (1 - floor) * (1 + cos(pi * p)) / 2
         wsd(p)       = 1 until p = 1 - cooldown_ratio, then floor + (1 - floor) * (1 - p) / cooldown_ratio
         multiplier   = warmup(step) * decay(min(p, 1)),  floor = min_lr_ratio
 
-    Warmup counts steps (the first update is already non-zero, step warmup_steps - 1 reaches the peak): it keeps
-    Adam's early, badly estimated second moments from taking huge steps, and those need updates, not seconds.
-    The decay follows the share of the budget used, steps or training time alike, and reaches the floor exactly
-    at its end. Multiplying the two keeps the curve continuous without knowing in advance when, in seconds,
-    warmup will end; for cosine the top is thereby a little below the peak (0.97 of it when warmup takes 50
-    of 400 steps). wsd (warmup-stable-decay) holds the peak for as long as
-    possible and cools down only at the end, so a time budget's unknown step count costs it nothing.
+    Warmup counts steps (the first update is already non-zero, step warmup_steps - 1 reaches the peak): it
+    keeps Adam's early, badly estimated second moments from taking huge steps, and those need updates, not
+    seconds. The decay follows the share of the budget used, steps or training time alike, and reaches the
+    floor exactly at its end. Multiplying the two keeps the curve continuous without knowing in advance when,
+    in seconds, warmup will end; for cosine the top is thereby a little below the peak (0.97 of it when warmup
+    takes 50 of 400 steps). wsd (warmup-stable-decay) holds the peak for as long as possible and cools down
+    only at the end, so a time budget's unknown step count costs it nothing.
     """
     warm = 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
     p = min(max(progress, 0.0), 1.0)
@@ -93,10 +93,11 @@ def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: st
 class LRSchedule:
     """`lr_multiplier` for one run's budget; `apply` sets the lr on the optimizer before each step.
 
-    The budget's progress is the larger of `step / horizon_steps` (`optim.decay_steps`, else `trainer.max_steps`)
-    and `seconds / max_seconds` (`trainer.max_time`), for whichever of the two is set: the lr reaches its floor
-    when the run's first budget runs out. Nothing is stored: a step's lr depends only on its number and the
-    training time used before it, both saved in every checkpoint, so a resumed run picks up the same curve.
+    The budget's progress is the larger of `step / horizon_steps` (`optim.decay_steps`, else
+    `trainer.max_steps`) and `seconds / max_seconds` (`trainer.max_time`), for whichever of the two is set:
+    the lr reaches its floor when the run's first budget runs out. Nothing is stored: a step's lr depends only
+    on its number and the training time used before it, both saved in every checkpoint, so a resumed run
+    picks up the same curve.
     """
 
     def __init__(self, cfg: OptimConfig, max_steps: int | None, max_seconds: float | None = None) -> None:

@@ -98,7 +98,7 @@ def training_state(progress: Progress, optimizer_state: dict, scaler, loader) ->
 
 
 def restore(state: dict[str, Any], model, optimizer, scaler, loader) -> Progress:
-    """Continue exactly where the checkpoint stopped: optimizer, RNG, data order, and the schedule's inputs."""
+    """Continue exactly where the checkpoint stopped: optimizer, RNG, data order, the schedule's inputs."""
     distributed.load_optimizer_state_dict(model, optimizer, state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     loader.load_state_dict(state["loader"])  # ranks > 0 replay their own stream to the same point

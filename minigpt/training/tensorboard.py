@@ -61,7 +61,7 @@ class TensorBoardLogger:
         self.writer.add_text(tag, block, step)
 
     def final(self, config: dict[str, Any], step: int) -> None:
-        """The run's hyperparameters (flattened config) beside FINAL_METRICS, in this run, at the last step."""
+        """The run's hyperparameters (flattened config) beside FINAL_METRICS, in this run, at `step`."""
         if self.writer is None:
             return
         from torch.utils.tensorboard.summary import hparams as hparams_summaries

@@ -200,7 +200,7 @@ class Trainer:
     def _agree(self, stop_requested: bool) -> tuple[bool, float]:
         """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's
         training clock (the other ranks send -inf). Every rank then ends the run at the same step and sets the
-        same lr for the next one (an lr taken from each rank's own clock would let the replicas drift apart)."""
+        same lr for the next one (an lr from each rank's own clock would let the replicas drift apart)."""
         seconds = self.seconds_before + self.meter.seconds if self.is_main else -math.inf
         flag, seconds = distributed.max_over_ranks([float(stop_requested), seconds], self.env)
         return flag > 0, seconds
