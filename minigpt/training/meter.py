@@ -8,7 +8,8 @@ loop's only host-device sync.
     MFU = flops_per_token * tokens_per_s / peak_flops
 
 with `flops_per_token` the model's own count (`GPT.flops_per_token`: 6N + attention) and `peak_flops` the
-device's peak in the dtype the matmuls run in.
+device's peak in the dtype the matmuls run in. The same clock (`seconds`) measures a run's training time
+against `trainer.max_time` (`budget.py`), so tokens/s x training time = tokens trained.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class ThroughputMeter:
         self.start = clock()  # of the running stretch of training work
         self.window_steps, self.window_time = 0, 0.0  # this interval, before the running stretch
         self.total_steps, self.total_time = 0, 0.0  # every closed interval of the run
+
+    def restart(self) -> None:
+        """Start the running stretch now (at the loop's start: setting up the run is not training work)."""
+        self.start = self.clock()
 
     def step_done(self) -> None:
         self.window_steps += 1

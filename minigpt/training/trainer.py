@@ -161,6 +161,7 @@ class Trainer:
         with GracefulStop() as stop, self.tb:
             self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
             with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step) as display:
+                self.meter.restart()
                 while not self.budget.done(p.step, p.train_seconds):
                     if p.step % tc.eval_every == 0:
                         self._evaluate()
