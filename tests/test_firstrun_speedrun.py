@@ -60,7 +60,7 @@ def _disjoint_window_loss(run: Path) -> tuple[float, int, int]:
     model, _, meta = load_model(run, "cpu")
     block = model.config.block_size
     data = DataConfig(**meta["config"]["data"])
-    docs = load_corpus(data, Path(data.cache_dir)).val
+    docs = list(load_corpus(data, Path(data.cache_dir)).documents("val"))
     ids = [i for d in docs for i in (256, *d.text.encode("utf-8"))]
     nats, scored = 0.0, 0
     with torch.no_grad():

@@ -84,7 +84,7 @@ def score_run(run: Path, budget: str) -> Row:
     cfg = EvaluateConfig(checkpoint=str(run), stride=block, device=InferenceDeviceConfig("cpu"))
     result, _ = evaluate(cfg)
     data = DataConfig(**meta["config"]["data"])
-    docs = load_corpus(data, Path(data.cache_dir)).val
+    docs = list(load_corpus(data, Path(data.cache_dir)).documents("val"))
     n_bytes = sum(len(d.text.encode("utf-8")) for d in docs)
     overrides = _job_overrides(run)
     own = [o for o in overrides if not o.startswith("trainer.max_time=") and o != NO_STEP_LIMIT]
