@@ -6,7 +6,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ tensorboard: install ## serve TensorBoard over outputs/
 
 bench: install ## measure training and generation speed against the reference
 	$(PY) scripts/bench.py $(ARGS)
+
+speedrun: install ## the CPU speedrun: train candidate configs for a fixed time each, tabulate them in README
+	$(PY) scripts/speedrun.py $(ARGS)
 
 docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
 	$(PY) scripts/update_docs.py

@@ -17,7 +17,7 @@ from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
-from minigpt.training.optim import build_optimizer, build_scheduler
+from minigpt.training.optim import build_optimizer
 
 CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
 
@@ -26,14 +26,11 @@ def _write(path: Path, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Opti
     torch.manual_seed(seed)
     model = build_model(CFG, vocab_size=257)
     opt = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=2))
-    sched = build_scheduler(opt, OptimConfig(lr=1e-2, warmup_steps=2), max_steps=10)
     x = torch.randint(0, 257, (2, 16))
     model(x, x)[1].backward()
     opt.step()
-    sched.step()
     meta = {"step": 1, "model_config": {**CFG.__dict__, "vocab_size": 257}}
-    state = {"step": 1, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": ckpt.rng_state()}
+    state = {"step": 1, "train_seconds": 0.5, "optimizer": opt.state_dict(), "rng": ckpt.rng_state()}
     ckpt.save_checkpoint(path, model, state, meta, ByteTokenizer())
     return model, opt
 

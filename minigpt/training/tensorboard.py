@@ -1,9 +1,14 @@
 """TensorBoard logging: fixed, `/`-namespaced metric names; the x-axis is always the optimizer step.
 
-Scalars: train/loss, val/loss, val/ppl, optim/lr, optim/grad_norm, throughput/tokens_per_s, throughput/mfu,
-throughput/step_s, mem/peak_gib, progress/tokens. Text: `config` (the resolved config as YAML) and `sample`
-(generated text at each evaluation). The final metrics go into the hparams table *in the run's own folder*
-(`run_name="."`), so TensorBoard lists one run per run rather than an extra timestamped sub-run.
+Scalars: train/loss, val/loss, val/best_loss, val/ppl, optim/lr, optim/grad_norm, throughput/tokens_per_s,
+throughput/mfu, throughput/step_s, mem/peak_gib, progress/tokens. Text: `config` (the resolved config as YAML)
+and `sample` (generated text at each evaluation).
+
+At the end, the HPARAMS tab gets the run's flattened config beside its final metrics. Those metrics are the
+run's own series (FINAL_METRICS): the hparams plugin shows the last value of each, which for val/loss is the
+final evaluation at the last step. `SummaryWriter.add_hparams` would instead write a copy of every metric as
+a new scalar at step 0 (a `final` group of lone points at the wrong step, the first thing TIME SERIES shows)
+and, by default, into a new timestamped sub-run; we write only its three hparams summaries, into this run.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ from pathlib import Path
 from typing import Any
 
 SCALAR_TAGS = (
-    "train/loss", "val/loss", "val/ppl", "optim/lr", "optim/grad_norm", "throughput/tokens_per_s",
-    "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
+    "train/loss", "val/loss", "val/best_loss", "val/ppl", "optim/lr", "optim/grad_norm",
+    "throughput/tokens_per_s", "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
 )
 TEXT_TAGS = ("config", "sample")
+# What the HPARAMS table shows for each run: the last point of these series (tokens/s: of the last interval).
+FINAL_METRICS = ("val/loss", "val/best_loss", "throughput/tokens_per_s")
 
 
 class TensorBoardLogger:
@@ -53,12 +60,16 @@ class TensorBoardLogger:
         block = "\n".join("    " + line for line in text.splitlines())
         self.writer.add_text(tag, block, step)
 
-    def final(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
-        """The run's hyperparameters (flattened config) beside its final metrics, in the same run folder."""
+    def final(self, config: dict[str, Any], step: int) -> None:
+        """The run's hyperparameters (flattened config) beside FINAL_METRICS, in this run, at `step`."""
         if self.writer is None:
             return
-        hparams = {k: _hparam_value(v) for k, v in _flatten(config).items()}
-        self.writer.add_hparams(hparams, {f"final/{k}": v for k, v in metrics.items()}, run_name=".")
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        values = {k: _hparam_value(v) for k, v in _flatten(config).items()}
+        # The metric values given here are not written anywhere: the plugin reads each metric's own series.
+        for summary in hparams_summaries(values, dict.fromkeys(FINAL_METRICS, 0.0)):
+            self.writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
         if self.writer is not None:
