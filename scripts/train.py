@@ -38,7 +38,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, TrainConfig)
     LAUNCH.share((config, out_dir))
-    result = train(config, out_dir, env=LAUNCH.env)
+    result = train(config, out_dir, env=LAUNCH.env, record_files=hydra_record(cfg))
     if result.interrupted:
         print(f"stopped at step {result.step}; checkpoint: {result.checkpoint}")
         print(f"resume with:  {LAUNCH.resume_command(out_dir, sys.argv[1:])}")
@@ -49,6 +49,14 @@ def main(cfg: DictConfig) -> None:
           f"{result.tokens_per_s:,.0f} tokens/s")
     print(f"checkpoint:  {result.checkpoint}")
     print(f"tensorboard: .venv/bin/tensorboard --logdir {out_dir / 'tb'}   (or `make tensorboard`)")
+
+
+def hydra_record(cfg: DictConfig) -> dict[str, str]:
+    """The .hydra/ files Hydra itself would write (train.yaml sets `hydra.output_subdir: null`): the trainer
+    writes them once the run has passed its checks, so a refused command leaves a run folder untouched."""
+    hydra_cfg = HydraConfig.instance().cfg  # {"hydra": ...}, as Hydra's run_job saves it
+    return {".hydra/config.yaml": OmegaConf.to_yaml(cfg), ".hydra/hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task)}
 
 
 if __name__ == "__main__":
