@@ -17,6 +17,7 @@ Where `fcntl` does not exist (Windows) there is no lock, and a warning says so.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from pathlib import Path
@@ -40,6 +41,7 @@ class RunLock:
         self.path = Path(folder) / LOCK_NAME
         self._fd: int | None = None
         self._previous: bytes | None = None  # the file's content before we took it; None: it did not exist
+        self._made: list[Path] = []  # the folders `acquire` created, outermost first
 
     def acquire(self) -> None:
         """Take the lock, or raise a UserError naming the process that holds it."""
@@ -47,6 +49,7 @@ class RunLock:
             log.warning("no file locks on this platform: nothing stops a second training in %s",
                         self.path.parent)
             return
+        self._made = _missing_folders(self.path.parent)  # a refused run removes them again
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             existed = self.path.exists()
@@ -76,7 +79,10 @@ class RunLock:
                 _overwrite(fd, self._previous)
             elif _same_file(fd, self.path):
                 self.path.unlink()  # while still holding the lock: nobody else can be using this file
-        except OSError:  # the folder was deleted or became unwritable under the run: nothing left to tidy
+            if restore:
+                for folder in reversed(self._made):  # a refused run leaves no empty folder of its own making
+                    folder.rmdir()
+        except OSError:  # deleted or unwritable under the run, or no longer empty: nothing (more) to tidy
             pass
         finally:
             os.close(fd)  # releases the flock
@@ -84,8 +90,15 @@ class RunLock:
     def check(self) -> None:
         """Raise FileNotFoundError if the run folder was deleted or replaced since the lock was taken."""
         if self._fd is not None and not _same_file(self._fd, self.path):
-            raise FileNotFoundError(2, "the run folder was deleted or moved while training ran",
-                                    str(self.path.parent))
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.path.parent))
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing[::-1]
 
 
 def _same_file(fd: int, path: Path) -> bool:
