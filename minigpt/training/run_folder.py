@@ -4,11 +4,12 @@ A training can be refused for many reasons (the folder is in use, it already hol
 checkpoint to resume does not fit, the data is missing, ...), most of them found only while the trainer is
 being built. A refused command must leave an existing run folder byte for byte as it was, so:
 
-    with RunFolder(run_dir, enabled=is_rank0, record_files={...}) as run:   lock the folder (run_lock.py)
-        trainer = Trainer(...)       every check; log records meant for the folder's log file are held back
-        run.accept()                 now write: the record files (the script's .hydra/ configs), then the
-        trainer.fit()                held log records; from here on the log file is written as usual
-                                     (leaving the block unlocks; after a refusal it drops the held records)
+    run = RunFolder(run_dir, enabled=is_rank0, record_files={...})
+    run.claim()                  lock the folder (run_lock.py); None, or why not (the folder is in use)
+    trainer = Trainer(...)       every check; log records meant for the folder's log file are held back
+    run.accept()                 now write: the record files (the script's .hydra/ configs), then the held
+    trainer.fit()                log records; from here on the log file is written as usual
+    run.release()                unlock; after a refusal, drop the held records and put the lock file back
 
 The log files are the `logging.FileHandler`s attached to the root logger whose file lies in the run folder
 (scripts/train.py's Hydra logging config opens train.log there, lazily: `delay: true`). A write to one that
@@ -24,6 +25,7 @@ import logging
 import sys
 from pathlib import Path
 
+from minigpt.errors import UserError
 from minigpt.training.run_lock import RunLock
 
 
@@ -40,15 +42,29 @@ class RunFolder:
         self._held: dict[logging.FileHandler, _Holder] = {}
 
     def __enter__(self) -> RunFolder:
+        refusal = self.claim()
+        if refusal is not None:
+            raise UserError(refusal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def claim(self) -> str | None:
+        """Lock the folder and hold back its log files' records; None, or why the folder is not ours."""
         if self.enabled:
-            self._lock.acquire()
+            try:
+                self._lock.acquire()
+            except UserError as e:
+                return str(e)
             for handler in self._log_handlers():
                 self._held[handler] = _Holder()
                 handler.addFilter(self._held[handler])
                 handler.handleError = lambda record, h=handler: _log_write_failed(h, record)
-        return self
+        return None
 
-    def __exit__(self, *exc: object) -> None:
+    def release(self) -> None:
+        """Unlock (after a refusal: drop the held log records, put the lock file back as it was)."""
         for handler, holder in self._held.items():
             handler.removeFilter(holder)
             vars(handler).pop("handleError", None)  # back to the class's own

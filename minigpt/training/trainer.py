@@ -73,12 +73,18 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
     the run has passed every check: a refused run leaves the folder as it was (run_folder.py).
     """
     env = env or DistEnv()
-    with RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files) as run:
-        trainer = Trainer(cfg, run, env=env)  # every refusal comes from here, before anything is written
+    run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
+    refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all ranks stop if it cannot
+    if refusal is not None:
+        raise UserError(refusal)
+    try:
+        trainer = Trainer(cfg, run, env=env)  # every other refusal: here, before anything is written
         run.accept()
         if env.is_main:
             ckpt.remove_stale_temporaries(run.path / "checkpoints")  # left by a crash mid-write
         return trainer.fit()
+    finally:
+        run.release()
 
 
 def seed_everything(seed: int) -> None:
