@@ -16,7 +16,6 @@ match their recorded hashes is refused, never silently used (it would decode eve
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -33,6 +32,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
+from minigpt.data.shards import folder_digests
 from minigpt.errors import UserError, unwritable_path_message
 
 FORMAT_VERSION = 1
@@ -142,7 +142,7 @@ def _write_folder(tmp: Path, model: nn.Module, state: dict[str, Any], meta: dict
     _write_file(tmp / STATE, buffer.getbuffer())
     if tokenizer is not None:
         tokenizer.save(tmp / TOKENIZER)
-        meta = {**meta, TOKENIZER_HASHES: file_hashes(tmp / TOKENIZER)}
+        meta = {**meta, TOKENIZER_HASHES: folder_digests(tmp / TOKENIZER)}
     meta_text = json.dumps({"format_version": FORMAT_VERSION, **meta}, indent=2, default=str)
     _write_file(tmp / META, (meta_text + "\n").encode())
     _fsync_tree(tmp)
@@ -182,12 +182,6 @@ def _swap_in(tmp: Path, path: Path) -> None:
         raise
     _fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
-
-
-def file_hashes(folder: Path) -> dict[str, str]:
-    """Relative path -> SHA-256 of every file under `folder`, to tell later whether it is still the same."""
-    return {f.relative_to(folder).as_posix(): hashlib.sha256(f.read_bytes()).hexdigest()
-            for f in sorted(Path(folder).rglob("*")) if f.is_file()}
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -241,7 +235,7 @@ def verify_tokenizer(ckpt: Path, meta: dict[str, Any]) -> None:
     if not isinstance(recorded, dict):
         return
     folder = ckpt / TOKENIZER
-    found = file_hashes(folder) if folder.is_dir() else {}
+    found = folder_digests(folder) if folder.is_dir() else {}
     damaged = sorted(name for name, digest in recorded.items() if found.get(name) != digest)
     if damaged:
         raise UserError(
