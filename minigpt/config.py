@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -80,6 +81,17 @@ def run_cli(main: Callable[[], object]) -> None:
         if full_report:
             raise
         exit_with_error(unwritable_path_message(e))
+
+
+def hydra_output_files(cfg: DictConfig) -> dict[str, str]:
+    """The `.hydra/` files Hydra's own job would write (config, hydra, overrides.yaml), as text.
+
+    For a script whose YAML sets `hydra.output_subdir: null` so that it writes them itself, later: training
+    writes them once the run has passed its checks, so a refused command leaves a run folder untouched.
+    """
+    hydra_cfg = HydraConfig.instance().cfg  # {"hydra": ...}, exactly what Hydra's run_job saves
+    return {".hydra/config.yaml": OmegaConf.to_yaml(cfg), ".hydra/hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task)}
 
 
 def _first_line(e: BaseException) -> str:
