@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -107,6 +108,17 @@ def unparsable_override_message(override: str, message: str) -> str:
     shell = shlex.quote(quoted) if "!" in quoted else '"' + re.sub(r'([\\"$`])', r"\\\1", quoted) + '"'
     return (f"cannot parse the override {override!r}{reason}: quote a value that holds spaces or symbols "
             f"such as ( ) [ ] , : = (quotes for Hydra inside the shell's), e.g. {shell}")
+
+
+def hydra_output_files(cfg: DictConfig) -> dict[str, str]:
+    """The `.hydra/` files Hydra's own job would write (config, hydra, overrides.yaml), as text.
+
+    For a script whose YAML sets `hydra.output_subdir: null` so that it writes them itself, later: training
+    writes them once the run has passed its checks, so a refused command leaves a run folder untouched.
+    """
+    hydra_cfg = HydraConfig.instance().cfg  # {"hydra": ...}, exactly what Hydra's run_job saves
+    return {".hydra/config.yaml": OmegaConf.to_yaml(cfg), ".hydra/hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task)}
 
 
 def _first_line(e: BaseException) -> str:

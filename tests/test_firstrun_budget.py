@@ -27,6 +27,7 @@ from minigpt.training.budget import Budget, format_duration, parse_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.distributed import process_group
+from minigpt.training.run_folder import RunFolder
 from minigpt.training.trainer import Trainer
 
 
@@ -43,7 +44,8 @@ def timed_trainer(cfg: TrainConfig, out: Path, step_s: float, eval_s: float = 10
     """A Trainer whose clock moves `step_s` per step (spread over its micro-batches) and `eval_s` per
     evaluation; with `signal_at_batch`, SIGINT arrives while that micro-batch (1-based) is drawn."""
     clock = FakeClock()
-    trainer = Trainer(cfg, out, env=env or DistEnv(), clock=clock)
+    env = env or DistEnv()
+    trainer = Trainer(cfg, RunFolder(out, enabled=env.is_main), env=env, clock=clock)
     draw, val_loss = trainer.loader.next_batch, trainer.evaluation.val_loss
     drawn = 0
 
@@ -194,7 +196,8 @@ def test_under_ddp_every_rank_follows_rank_zeros_clock(make_train_cfg, tmp_path:
     import torch.multiprocessing as mp
 
     cfg = make_train_cfg(*TIMED, "trainer.max_time=6s", "device.peak_tflops=1")
-    Trainer(cfg, tmp_path / "prepare", env=DistEnv())  # prepares the data once, before the ranks start
+    # prepares the data once, before the ranks start
+    Trainer(cfg, RunFolder(tmp_path / "prepare"), env=DistEnv())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -96,11 +98,41 @@ def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
         assert "99" in str(info.value) and "1" in str(info.value)
 
 
-def test_find_latest_checkpoint(tmp_path: Path):
+def test_find_latest_checkpoint_is_the_most_recently_written(tmp_path: Path):
     with pytest.raises(UserError):
         find_latest_checkpoint(tmp_path)
-    _write(tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last")
-    newer = _write(tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last") and None
-    assert newer is None
-    latest = find_latest_checkpoint(tmp_path)
-    assert latest == tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"
+    later_name = tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"
+    earlier_name = tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last"
+    _write(later_name)
+    _write(earlier_name)
+    # Written last wins, whatever the folder names say (a run resumed today in an old folder is the latest);
+    # explicit times, so the file system's timestamp resolution cannot make the two equal.
+    os.utime(later_name / ckpt.META, (1_000_000, 1_000_000))
+    os.utime(earlier_name / ckpt.META, (2_000_000, 2_000_000))
+    assert find_latest_checkpoint(tmp_path) == earlier_name
+    os.utime(later_name / ckpt.META, (3_000_000, 3_000_000))
+    assert find_latest_checkpoint(tmp_path) == later_name
+
+
+def test_a_damaged_tokenizer_folder_is_refused(tmp_path: Path):
+    path = tmp_path / "ckpt"
+    _write(path)
+    recorded = json.loads((path / ckpt.META).read_text())[ckpt.TOKENIZER_HASHES]
+    assert recorded == {"tokenizer.json": hashlib.sha256((path / "tokenizer" / "tokenizer.json").read_bytes())
+                        .hexdigest()}  # an independent hash of what is on disk
+    (path / "tokenizer" / "tokenizer.json").write_text('{"kind": "char", "chars": "ab"}')
+    with pytest.raises(UserError, match=r"damaged tokenizer/ folder \(tokenizer\.json changed or missing"):
+        load_model(path, "cpu")
+    (path / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(UserError, match="tokenizer.json changed or missing"):
+        load_model(path, "cpu")
+
+
+def test_a_checkpoint_from_before_tokenizer_hashes_still_loads(tmp_path: Path):
+    path = tmp_path / "ckpt"
+    _write(path)
+    meta = json.loads((path / ckpt.META).read_text())
+    del meta[ckpt.TOKENIZER_HASHES]
+    (path / ckpt.META).write_text(json.dumps(meta))
+    _, tokenizer, _ = load_model(path, "cpu")
+    assert tokenizer.decode(tokenizer.encode("ok")) == "ok"

@@ -46,6 +46,7 @@ from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import LRSchedule, build_optimizer
+from minigpt.training.run_folder import RunFolder
 from minigpt.training.signals import GracefulStop
 from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 from minigpt.training.tensorboard import TensorBoardLogger
@@ -70,12 +71,27 @@ class TrainResult:
     train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None) -> TrainResult:
+def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
+          record_files: dict[str, str] | None = None) -> TrainResult:
     """Train per `cfg`, writing checkpoints and TensorBoard logs under `out_dir` (rank 0 only).
 
     `env` is this process's place in a torchrun job, whose process group is already initialised; None: alone.
+    `record_files` (relative path -> text, e.g. the script's .hydra/ configs) are written into `out_dir` once
+    the run has passed every check: a refused run leaves the folder as it was (run_folder.py).
     """
-    return Trainer(cfg, Path(out_dir), env=env or DistEnv()).fit()
+    env = env or DistEnv()
+    run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
+    refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all ranks stop if it cannot
+    if refusal is not None:
+        raise UserError(refusal)
+    try:
+        trainer = Trainer(cfg, run, env=env)  # every other refusal: here, before anything is written
+        run.accept()
+        if env.is_main:
+            ckpt.remove_stale_temporaries(run.path / "checkpoints")  # left by a crash mid-write
+        return trainer.fit()
+    finally:
+        run.release()
 
 
 def seed_everything(seed: int) -> None:
@@ -92,14 +108,14 @@ class Trainer:
     without waiting.
     """
 
-    def __init__(self, cfg: TrainConfig, out_dir: Path, *, env: DistEnv,
+    def __init__(self, cfg: TrainConfig, run: RunFolder, *, env: DistEnv,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.cfg, self.out_dir, self.env = cfg, out_dir, env
+        self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
         self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = resume.resume_source(cfg, out_dir)  # before any work: a bad path fails at once
+        resume_from = resume.resume_source(cfg, self.out_dir)  # before any work: a bad path fails at once
         if tc.resume == "auto" and resume_from is None:
-            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", out_dir)
+            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", self.out_dir)
         self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
         seed_everything(tc.seed)
@@ -143,7 +159,7 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
         self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
                                      peak_flops(cfg.device, self.runtime), self.runtime.synchronize, clock)
-        self.tb = TensorBoardLogger(out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
+        self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         if state is not None:
             self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader)
             log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
@@ -259,7 +275,8 @@ class Trainer:
             if p.step > 0:
                 self.tb.text("sample", self.evaluation.sample(), p.step)
             if self.cfg.logging.attention_images:
-                self.evaluation.attention_images(self.tb.writer, p.step)
+                with self.tb.writing():
+                    self.evaluation.attention_images(self.tb.writer, p.step)
 
     def _on_disk(self) -> str:
         """The end of the non-finite loss message: what is still on disk."""
@@ -278,6 +295,7 @@ class Trainer:
         p = self.progress
         state = resume.training_state(p, optimizer_state, self.scaler, self.loader)
         meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
+        self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
         path = ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, model, state, meta, self.tokenizer)
         if name == "last":
             self.last_saved, self.last_saved_step = path, self.progress.step
