@@ -52,9 +52,12 @@ def test_each_switch_has_one_warning_line_naming_its_key(name):
 @pytest.mark.parametrize("overrides, field", [
     ({"attn_scale": "half"}, "attn_scale='half' is not one of: sqrt, none"),
     ({"pos_encoding": "absolute"}, "pos_encoding='absolute' is not one of"),
-    ({"pos_encoding": "integer", "rope_base": 500.0}, "rope_base=500.0 has no effect with model.pos_encoding=integer"),
-    ({"pos_encoding": "none", "rope_base": 500.0}, "rope_base=500.0 has no effect with model.pos_encoding=none"),
-    ({"final_norm": False, "norm_placement": "post"}, "final_norm=false only applies to model.norm_placement=pre"),
+    ({"pos_encoding": "integer", "rope_base": 500.0},
+     "model.rope_base=500.0 has no effect with model.pos_encoding=integer"),
+    ({"pos_encoding": "none", "rope_base": 500.0},
+     "model.rope_base=500.0 has no effect with model.pos_encoding=none"),
+    ({"final_norm": False, "norm_placement": "post"},
+     "model.final_norm=false only applies to model.norm_placement=pre"),
 ])
 def test_nonsense_values_and_combinations_are_one_line_user_errors(overrides, field):
     with pytest.raises(UserError) as err:
@@ -62,7 +65,7 @@ def test_nonsense_values_and_combinations_are_one_line_user_errors(overrides, fi
     assert field in str(err.value) and "\n" not in str(err.value)
 
 
-def test_switches_compose_through_hydra_and_a_bad_one_stops_the_cli_with_one_line(tmp_path, corpus_dir, capsys):
+def test_switches_compose_through_hydra_and_a_bad_one_stops_the_cli_in_one_line(tmp_path, corpus_dir, capsys):
     cfg = to_object(compose_train(["model.causal=false", "model.attn_scale=none", "model.residual=false",
                                    "model.final_norm=false", "model.pos_encoding=integer"]), TrainConfig)
     assert (cfg.model.causal, cfg.model.attn_scale, cfg.model.residual, cfg.model.final_norm,
