@@ -5,7 +5,7 @@ NPROC   ?= 2
 TORCH_CPU := torch==2.13.0
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare ablation
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -44,3 +44,17 @@ tensorboard: install ## serve TensorBoard over outputs/
 
 bench: install ## measure training and generation speed against the reference
 	$(PY) scripts/bench.py $(ARGS)
+
+# The ablation lab: every file of configs/experiment/ablation/ (a test checks the list), the baseline first
+# (job 0, the row the others are compared with), as one Hydra multirun into one sweep folder; then the
+# report on it. The order here is the order of the table.
+comma := ,
+ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm
+ifndef ABLATION_DIR
+ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
+endif
+
+ablation: install ## train the baseline and each ablation (~5 min on 2 CPU cores), then report; UPDATE_README=1 rewrites the README's table
+	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
+		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
+	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_README),--readme README.md)
