@@ -121,3 +121,9 @@ def test_report_refuses_a_folder_without_runs_or_without_a_baseline(tmp_path, ca
     run = run_script("ablation_report", [str(tmp_path / "sweep")], capsys)
     assert run.code == 2 and len(run.err_lines) == 1 and "no baseline run first" in run.err_lines[0]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0_no_causal_mask"]  # nothing written
+    readme = tmp_path / "README.md"
+    readme.write_text("no markers here\n")
+    run = run_script("ablation_report", [str(empty), "--readme", str(readme), "--docs", str(tmp_path / "d")],
+                     capsys)
+    assert run.code == 2 and len(run.err_lines) == 1 and "<!-- ablation:begin -->" in run.err_lines[0]
+    assert readme.read_text() == "no markers here\n" and not (tmp_path / "d").exists()

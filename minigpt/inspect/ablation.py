@@ -55,7 +55,7 @@ class RunMeasures:
     greedy: str
     sample: str
     train_loss: float | None  # the last logged train/loss
-    curves: dict[str, list[list[float]]] = field(default_factory=dict)  # tag -> [steps, values]
+    curves: dict[str, list[list]] = field(default_factory=dict)  # tag -> [steps, values]
     train_seconds: float | None = None  # wall time from the first to the last TensorBoard event
 
     @classmethod
@@ -82,9 +82,9 @@ def find_lab_runs(sweep_dir: Path) -> list[Path]:
     return sorted(runs, key=job_order)
 
 
-def run_name(run_dir: Path) -> str:
-    """The run's `run_name` (its ablation file's name), read from its last checkpoint's meta.json."""
-    meta = read_meta(Path(run_dir) / "checkpoints" / "last")
+def run_name(run_dir: Path, meta: dict | None = None) -> str:
+    """The run's `run_name` (its ablation file's name), from its last checkpoint's meta.json."""
+    meta = read_meta(Path(run_dir) / "checkpoints" / "last") if meta is None else meta
     return meta.get("config", {}).get("run_name") or Path(run_dir).name
 
 
@@ -104,14 +104,14 @@ def measure_run(run_dir: Path) -> RunMeasures:
     scalars = read_scalars(run_dir / "tb") if any((run_dir / "tb").glob(EVENT_GLOB)) else {}
     train = scalars.get("train/loss")
     return RunMeasures(
-        name=run_name(run_dir), run_dir=str(run_dir),
+        name=run_name(run_dir, meta), run_dir=str(run_dir),
         model=meta["model_config"], val_loss=nats / tokens,
         bits_per_byte=nats / max(n_bytes, 1) / math.log(2),
         scored_tokens=tokens, scored_bytes=n_bytes, grad_norms=grad_norms,
         attn_entropy=attention_entropy(model, batches[0][0]), prompt=tokenizer.decode(prompt),
         greedy=tokenizer.decode(greedy), sample=tokenizer.decode(sample),
         train_loss=train[1][-1] if train else None,
-        curves={tag: [list(map(float, s)), list(v)] for tag, (s, v) in scalars.items()
+        curves={tag: [list(s), list(v)] for tag, (s, v) in scalars.items()
                 if tag in ("train/loss", "val/loss")},
         train_seconds=_wall_span(run_dir / "tb"),
     )
