@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -19,6 +20,7 @@ from minigpt.model import ModelConfig, build_model
 from minigpt.model.config import ablation_warnings
 from minigpt.model.hf_gpt2 import hf_config_from_model
 from minigpt.training import checkpoint as ckpt
+from minigpt.training.trainer import train
 
 # each ablation as ModelConfig overrides, and the key its warning must name
 SWITCHES = {
@@ -171,3 +173,16 @@ def test_gpt2_export_refuses_every_ablation(name):
     with pytest.raises(UserError, match=key.split("=")[0].replace(".", r"\.")):
         hf_config_from_model(cfg)
     hf_config_from_model(shrunk_config("gpt2"))  # the unablated preset exports
+
+
+def test_a_checkpoint_written_before_the_switches_existed_still_loads_and_resumes(make_train_cfg, tmp_path):
+    run = tmp_path / "run"
+    train(make_train_cfg("trainer.max_steps=4"), run)
+    meta_path = run / "checkpoints" / "last" / ckpt.META
+    meta = json.loads(meta_path.read_text())
+    for key in ("causal", "attn_scale", "residual", "final_norm"):  # what an older minigpt wrote
+        del meta["model_config"][key]
+    meta_path.write_text(json.dumps(meta))
+    model, _, _ = ckpt.load_checkpoint_for_inference(run)
+    assert ablation_warnings(model.config) == []  # the missing keys mean what they meant then
+    assert train(make_train_cfg("trainer.max_steps=8", "trainer.resume=auto"), run).step == 8

@@ -29,7 +29,7 @@ from minigpt.config import TrainConfig, to_plain_dict
 from minigpt.data.loader import BatchLoader, iter_eval_batches
 from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import UserError
-from minigpt.model import build_model
+from minigpt.model import ModelConfig, build_model
 from minigpt.training import checkpoint as ckpt
 from minigpt.training import distributed
 from minigpt.training.device import peak_flops, resolve_runtime
@@ -169,7 +169,9 @@ class Trainer:
         """Check that `path` fits this run and load its weights into the (not yet wrapped) model; return the
         rest of its state for `_restore`."""
         meta = ckpt.read_meta(path)
-        if meta.get("model_config") != to_plain_dict(self.model.config):
+        # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then
+        saved = {**to_plain_dict(ModelConfig()), **(meta.get("model_config") or {})}
+        if saved != to_plain_dict(self.model.config):
             raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
                             "same model=... overrides (see its meta.json)")
         distributed.check_resume_world_size(meta.get("world_size", 1), self.env, path)
