@@ -54,7 +54,7 @@ ifndef ABLATION_DIR
 ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
 endif
 
-ablation: install ## train the baseline and each ablation (~5 min on 2 CPU cores), then report; UPDATE_README=1 rewrites the README's table
+ablation: install ## train the baseline and each ablation (~6 min on 2 idle CPU cores), then report; UPDATE_README=1 also updates the README
 	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
 		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
 	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_README),--readme README.md)

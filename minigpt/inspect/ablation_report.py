@@ -60,7 +60,10 @@ ROWS = {
     "no_attn_scale": Row(
         "No 1/√D", "with head size 64 the raw scores spread 8 times wider, the softmax saturates to "
         "nearly one-hot rows, its derivative p(1 - p) vanishes and W_Q, W_K stop learning.",
-        ("entropy", "grads")),
+        ("entropy", "grads"),
+        "The entropy shows the saturation; the loss pays less, because the rows whose two best scores "
+        "nearly tie keep their gradient (tests/test_ablation_predictions.py: with unit-variance q and k the "
+        "typical row's gradient is an order of magnitude smaller, the average only a few times)."),
     "integer_positions": Row(
         "Integer positions", "the index 0..63 added to every channel dwarfs the embeddings; a weight that "
         "reads it gets a gradient proportional to the position, and large inputs saturate.", (),
