@@ -2,11 +2,14 @@
 PY      := .venv/bin/python
 ARGS    ?=
 NPROC   ?= 2
+HOST    ?= localhost# where `make tensorboard` listens; HOST=0.0.0.0 serves every network the machine is on
+PORT    ?= 6006
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs device-wheels
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
+	device-wheels
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -40,14 +43,31 @@ train-ddp: install ## train with DDP on NPROC processes (gloo on CPU, nccl on CU
 generate: install ## sample from the latest training run
 	$(PY) scripts/generate.py $(ARGS)
 
-tensorboard: install ## serve TensorBoard over outputs/
-	.venv/bin/tensorboard --logdir outputs --bind_all
+tensorboard: install ## serve TensorBoard over outputs/ on localhost (HOST=0.0.0.0 to expose it, PORT=6006)
+	.venv/bin/tensorboard --logdir outputs --host $(HOST) --port $(PORT)
 
 bench: install ## measure training and generation speed against the reference
 	$(PY) scripts/bench.py $(ARGS)
 
+speedrun: install ## the CPU speedrun: train candidate configs for a fixed time each, tabulate them in README
+	$(PY) scripts/speedrun.py $(ARGS)
+
 docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
 	$(PY) scripts/update_docs.py
+
+# The ablation lab: every file of configs/experiment/ablation/ (a test checks the list), the baseline first
+# (job 0, the row the others are compared with), as one Hydra multirun into one sweep folder; then the
+# report on it. The order here is the order of the table.
+comma := ,
+ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm
+ifndef ABLATION_DIR
+ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
+endif
+
+ablation: install ## train the baseline and each ablation (~6 min on 2 idle CPU cores), then report; UPDATE_README=1 also updates the README
+	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
+		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
+	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_README),--readme README.md)
 
 # A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
 # matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in

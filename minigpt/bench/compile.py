@@ -20,7 +20,7 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
 from minigpt.model.factory import build_model
 from minigpt.training.config import TrainConfig
-from minigpt.training.optim import build_optimizer, build_scheduler
+from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.step import accumulate_gradients, optimizer_step
 
 
@@ -42,8 +42,8 @@ def bench_compile(device: torch.device, *, repeats: int = 10, quick: bool = Fals
         model = build_model(model_cfg).to(device).train()
         run = torch.compile(model) if name == "compiled" else model
         optimizer = build_optimizer(model, cfg.optim, device.type)
-        scheduler = build_scheduler(optimizer, cfg.optim, tc.max_steps)
-        steps[name] = _step_fn(run, model, optimizer, scheduler, tokens, runtime, cfg.optim.grad_clip)
+        schedule = LRSchedule(cfg.optim, tc.max_steps)
+        steps[name] = _step_fn(run, model, optimizer, schedule, tokens, runtime, cfg.optim.grad_clip)
         models[name] = model
     compile_s = time_call(steps["compiled"], device)  # the first call compiles forward and backward
     steps["eager"]()  # the eager copy's first step, untimed likewise: both have taken one step
@@ -61,8 +61,8 @@ def bench_compile(device: torch.device, *, repeats: int = 10, quick: bool = Fals
     }
 
 
-def _step_fn(run, model, optimizer, scheduler, tokens, runtime, grad_clip: float):
-    counter = iter(range(10**9))
+def _step_fn(run, model, optimizer, schedule, tokens, runtime, grad_clip: float):
+    counter, step_counter = iter(range(10**9)), iter(range(10**9))
     scaler = runtime.grad_scaler()
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,6 +71,7 @@ def _step_fn(run, model, optimizer, scheduler, tokens, runtime, grad_clip: float
 
     def step() -> None:
         accumulate_gradients(run, next_batch, 1, runtime, scaler)
-        optimizer_step(model, optimizer, scheduler, scaler, grad_clip)
+        schedule.apply(optimizer, next(step_counter), 0.0)
+        optimizer_step(model, optimizer, scaler, grad_clip)
 
     return step

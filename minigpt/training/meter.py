@@ -8,7 +8,8 @@ loop's only host-device sync.
     MFU = flops_per_token * tokens_per_s / peak_flops
 
 with `flops_per_token` the model's own count (`GPT.flops_per_token`: 6N + attention) and `peak_flops` the
-device's peak in the dtype the matmuls run in.
+device's peak in the dtype the matmuls run in. The same clock (`seconds`) measures a run's training time
+against `trainer.max_time` (`budget.py`), so tokens/s x training time = tokens trained.
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class ThroughputMeter:
         self.window_steps, self.window_time = 0, 0.0  # this interval, before the running stretch
         self.total_steps, self.total_time = 0, 0.0  # every closed interval of the run
 
+    def restart(self) -> None:
+        """Start the running stretch now (at the loop's start: setting up the run is not training work)."""
+        self.start = self.clock()
+
     def step_done(self) -> None:
         self.window_steps += 1
 
@@ -57,6 +62,15 @@ class ThroughputMeter:
             yield
         finally:
             self.start = self.clock()
+
+    @property
+    def seconds(self) -> float:
+        """Training time since the meter was built: every closed interval, plus the open one up to now.
+
+        Call it between steps, not inside `paused()`. No device sync: on a GPU the host may be a step or two
+        ahead of the queued work, which `interval()` settles at the next log line.
+        """
+        return self.total_time + self.window_time + self.clock() - self.start
 
     def interval(self) -> Interval:
         """Close the current interval (one device sync) and return what it measured."""
