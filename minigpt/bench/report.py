@@ -100,16 +100,19 @@ def format_generation(r: dict) -> list[str]:
 
 
 def format_compile(r: dict) -> list[str]:
-    m = r["model"]
-    even = r["break_even_steps"]
-    verdict = ("never (compiled steps are not faster)" if even is None else
-               f"after {even:.0f} steps ({'within' if even <= r['max_steps'] else 'beyond'} the default "
-               f"{r['max_steps']})")
+    m, limit = r["model"], r["max_steps"]
+
+    def verdict(even: float | None) -> str:
+        if even is None:
+            return "never (compiled steps are not faster)"
+        return f"after {even:.0f} steps ({'within' if even <= limit else 'beyond'} the {limit})"
+
     return [f"torch.compile on the default run ({m['n_layer']} layers x {m['n_embd']} wide, vocab "
             f"{m['vocab_size']}, block {m['block_size']}, batch {r['batch_size']}): "
-            f"compile {r['compile_s']:.0f} s, "
             f"step {_t(r['eager_step_s'])} eager vs {_t(r['compiled_step_s'])} compiled "
-            f"({r['speedup']:.2f}x); compiling pays {verdict}"]
+            f"({r['speedup']:.2f}x); a first run compiles in {r['compile_s']:.0f} s and wins it back "
+            f"{verdict(r['break_even_steps'])}, a later one (Inductor's cache filled) in "
+            f"{r['compile_warm_s']:.0f} s, {verdict(r['break_even_steps_warm'])}"]
 
 
 def format_attention(r: dict) -> list[str]:
