@@ -8,7 +8,8 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun ablation
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
+	device-wheels
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,3 +68,22 @@ ablation: install ## train the baseline and each ablation (~6 min on 2 idle CPU 
 	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
 		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
 	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_README),--readme README.md)
+
+# A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
+# matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in
+# .whl/ (git-ignored) and scripts/device_check.sh installs them offline. The versions are this .venv's, which
+# the suite passed with. antlr4-python3-runtime 4.9.x (hydra-core's pin) exists on PyPI as source only, so its
+# pure-Python wheel is built here.
+DEVICE_WHEELS   ?= .whl
+DEVICE_PYTHON   ?= 3.12
+DEVICE_PACKAGES := hydra-core omegaconf rustbpe
+DEVICE_SOURCE_PACKAGES := antlr4-python3-runtime
+DEVICE_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
+PINS = $(PY) -c "import sys; from importlib.metadata import version; print(' '.join(f'{p}=={version(p)}' for p in sys.argv[1:]))"
+
+device-wheels: install ## wheels a CUDA image without Hydra needs (Python $(DEVICE_PYTHON), manylinux x86-64) -> .whl/
+	rm -rf $(DEVICE_WHEELS) && mkdir -p $(DEVICE_WHEELS)
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version $(DEVICE_PYTHON) --implementation cp \
+	  $(addprefix --platform ,$(DEVICE_PLATFORMS)) -d $(DEVICE_WHEELS) $$($(PINS) $(DEVICE_PACKAGES))
+	$(PY) -m pip wheel -q --no-deps -w $(DEVICE_WHEELS) $$($(PINS) $(DEVICE_SOURCE_PACKAGES))
+	@ls $(DEVICE_WHEELS)

@@ -35,7 +35,7 @@ def test_quick_bench_writes_json_and_table(tmp_path: Path) -> None:
     assert results["machine"]["quick"] is True and results["machine"]["threads"] == 1
     assert set(results["sections"]) == {"peak", "attention"}
     peak = results["sections"]["peak"]
-    assert peak["fp32_flops"] > 0 and peak["bf16_flops"] > 0
+    assert peak["fp32_flops"] > 0 and peak["bf16_flops"] > 0 and peak["read_bytes_per_s"] > 0
     lengths = results["sections"]["attention"]["lengths"]
     assert set(lengths) == {"512", "2048"}
     for row in lengths.values():

@@ -26,9 +26,18 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
 
 
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.0f}%"
+
+
+def _x(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
 def format_peak(p: dict) -> list[str]:
     out = [f"Peak (square {p['n']}x{p['n']} matmuls, {p['threads']} threads, {p['device_name']}): "
-           f"fp32 {p['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {p['bf16_flops'] / 1e9:.1f} GFLOP/s"]
+           f"fp32 {p['fp32_flops'] / 1e9:.1f} GFLOP/s, bf16 {p['bf16_flops'] / 1e9:.1f} GFLOP/s; "
+           f"read bandwidth {p['read_bytes_per_s'] / 1e9:.1f} GB/s ({_mib(p['read_bytes'])} buffer)"]
     if p.get("datasheet_tflops"):
         out.append(f"Datasheet dense bf16 peak: {p['datasheet_tflops']:.0f} TFLOP/s")
     return out
@@ -38,29 +47,48 @@ def format_train(name: str, r: dict) -> list[str]:
     s = r["shape"]
     head = (f"Training step {name}: {s['n_layer']} layers x {s['n_embd']} wide x {s['n_head']} heads, "
             f"vocab {s['vocab_size']}, block {s['block_size']}, batch {s['batch_size']} "
-            f"({r['tokens_per_step']} tokens/step)")
-    rows = [[n, f"{c['tokens_per_s']:.0f}", _t(c["step_s"], 1, ""), f"{c['mfu'] * 100:.0f}%",
-             _mib(c["peak_mem_bytes"]), f"{c.get('speedup_vs_reference', float('nan')):.2f}x",
+            f"({r['tokens_per_step']} tokens/step); MFU against the peak of each row's dtype")
+    rows = [[n, f"{c['tokens_per_s']:.0f}", _t(c["step_s"], 1, ""), _pct(c["mfu"]), _mib(c["peak_mem_bytes"]),
+             _x(c.get("speedup_vs_reference")), _x(c.get("speedup_vs_best_reference")),
              "-" if c.get("compile_s") is None else f"{c['compile_s']:.0f} s"]
             for n, c in r["contenders"].items()]
+    header = ["contender", "tokens/s", "step s", "MFU", "peak mem", "vs ref fp32", "vs best ref", "compile"]
     notes = [f"  {n}" for n in r.get("notes", [])]
-    header = ["contender", "tokens/s", "step s", "MFU", "peak mem", "vs ref", "compile"]
+    default = r.get("trainer_default")
+    if default:
+        row = r["contenders"].get(default["row"] or "")
+        ratio = (f": {_x(row.get('speedup_vs_best_reference'))} the best reference" if row
+                 else " (not measured here)")
+        notes.append(f"  `make train` runs {default['row'] or default['dtype']}{ratio} "
+                     f"[dtype {default['reason']}; compile {default['compile']}]")
     return [head, *_table(header, rows), *notes]
 
 
 def format_generation(r: dict) -> list[str]:
     s = r["shape"]
+    bw = r.get("read_bytes_per_s")
     out = [f"Generation: {s['n_layer']} layers x {s['n_embd']} wide, vocab {s['vocab_size']}, batch 1, "
-           f"{r['prompt_tokens']} prompt + {r['new_tokens']} new tokens, greedy"]
-    rows = [[n, f"{c['tokens_per_s']:.1f}", _t(c["time_s"], 1, ""), f"{c['vs_reference']:.2f}x",
-             f"{c['vs_minigpt_cached_fp32']:.2f}x"] for n, c in r["contenders"].items()]
-    out += _table(["contender", "tokens/s", "total s", "vs ref", "vs cached fp32"], rows)
+           f"{r['prompt_tokens']} prompt + {r['new_tokens']} new tokens, greedy; weights "
+           + ", ".join(f"{d} {_mib(b)}" for d, b in r["weight_bytes"].items())
+           + (f"; MBU against {bw / 1e9:.1f} GB/s" if bw else "")]
+    rows = [[n, f"{c['tokens_per_s']:.1f}", _t(c["time_s"], 1, ""), _pct(c.get("mbu")), _x(c["vs_reference"]),
+             _x(c["vs_minigpt_cached_fp32"])] for n, c in r["contenders"].items()]
+    out += _table(["contender", "tokens/s", "total s", "MBU", "vs best ref", "vs cached fp32"], rows)
     lat = r["latency"]
     positions = [k for k in next(iter(lat.values())) if not k.startswith("ratio")]
-    rows = [[n] + [_t(v[p]) for p in positions] + [f"{v[k]:.2f}" for k in v if k.startswith("ratio")]
+    cell = lambda v: _t(v) + (f", MBU {_pct(v['mbu'])}" if v.get("mbu") is not None else "")
+    rows = [[n] + [cell(v[p]) for p in positions] + [f"{v[k]:.2f}" for k in v if k.startswith("ratio")]
             for n, v in lat.items()]
     out += ["Per-token decode latency (forward + argmax) by tokens in the cache:"]
     out += _table(["contender", *[f"~{p}" for p in positions], f"~{positions[-1]} / ~{positions[0]}"], rows)
+    overhead = next((v for n, v in lat.items() if n.startswith("overhead")), None)
+    if overhead and "minigpt fp32" in lat:
+        p0 = positions[0]
+        share = overhead[p0]["median"] / lat["minigpt fp32"][p0]["median"]
+        out.append(f"Of minigpt fp32's step at ~{p0}, {overhead[p0]['median'] * 1e3:.1f} ms "
+                   f"({share * 100:.0f}%) is overhead (the same ops on negligible weights), the rest reads "
+                   "weights and cache")
+    out += [f"  {n}" for n in r.get("notes", [])]
     pf = r["prefill"]
     out.append(f"Prefill of {pf['tokens']} tokens: minigpt {_t(pf['minigpt fp32'])}, "
                f"reference {_t(pf['reference fp32'])}")
@@ -69,6 +97,22 @@ def format_generation(r: dict) -> list[str]:
                   if "bf16_greedy_tokens_equal_fp32" in r else "")
                + f"; extra memory of a cached generation: {_mib(r['peak_mem_bytes'])}")
     return out
+
+
+def format_compile(r: dict) -> list[str]:
+    m, limit = r["model"], r["max_steps"]
+
+    def verdict(even: float | None) -> str:
+        if even is None:
+            return "never (compiled steps are not faster)"
+        return f"after {even:.0f} steps ({'within' if even <= limit else 'beyond'} the {limit})"
+
+    return [f"torch.compile on the default run ({m['n_layer']} layers x {m['n_embd']} wide, vocab "
+            f"{m['vocab_size']}, block {m['block_size']}, batch {r['batch_size']}): "
+            f"step {_t(r['eager_step_s'])} eager vs {_t(r['compiled_step_s'])} compiled "
+            f"({r['speedup']:.2f}x); a first run compiles in {r['compile_s']:.0f} s and wins it back "
+            f"{verdict(r['break_even_steps'])}, a later one (Inductor's cache filled) in "
+            f"{r['compile_warm_s']:.0f} s, {verdict(r['break_even_steps_warm'])}"]
 
 
 def format_attention(r: dict) -> list[str]:
@@ -136,6 +180,8 @@ def format_report(results: dict) -> str:
         lines += ["", *format_data(sections["data"])]
     if "train_loop" in sections:
         lines += ["", *format_train_loop(sections["train_loop"])]
+    if "compile" in sections:
+        lines += ["", *format_compile(sections["compile"])]
     return "\n".join(lines)
 
 

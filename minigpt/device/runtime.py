@@ -4,6 +4,10 @@
 Mixed precision: the weights and the optimizer stay in float32; `autocast` runs the matmuls in a 16-bit
 type. bfloat16 has float32's exponent range, so it needs no loss scaling; float16 does (its smallest normal
 number is ~6e-5, small gradients underflow to zero), which is what the `GradScaler` is for.
+
+device.dtype=auto: bf16 on a CUDA GPU that has it (fp16 before Ampere); on a CPU whatever a short matmul probe
+measures faster by a clear margin (`choose_cpu_dtype`: bf16 on CPUs with bf16 units, fp32 where bf16 is
+emulated); float32 on MPS.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import logging
 import os
 import shutil
 import sys
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from minigpt.device.config import DeviceConfig
+from minigpt.device.probe import MatmulProbe, cpu_matmul_probe, measure_matmul_flops, synchronize
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -37,6 +43,7 @@ class Runtime:
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 means autocast is off
     compile: bool
+    dtype_reason: str = ""  # why this dtype: the setting, or what device.dtype=auto measured
 
     @property
     def type(self) -> str:
@@ -58,22 +65,18 @@ class Runtime:
         synchronize(self.device)
 
 
-def synchronize(device: torch.device | str) -> None:
-    """Wait until the device has finished its queued work (a no-op on CPU, whose ops run when called)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path | None = None,
+                    cpu_probe: Callable[[Path | None], MatmulProbe] = cpu_matmul_probe) -> Runtime:
+    """Pick the device, the autocast dtype and whether to compile; enable TF32 on CUDA if asked.
 
-
-def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
-    """Pick the device, the autocast dtype and whether to compile; enable TF32 on CUDA if asked."""
+    device.dtype=auto on a CPU runs `cpu_probe` (cached in `probe_cache`, see probe.py) and lets
+    `choose_cpu_dtype` decide; the log line says what was chosen and why."""
     device = _pick_device(cfg.type, local_rank)
-    dtype = _pick_dtype(cfg.dtype, device)
-    # CPU, measured by `make bench` on this project's 2-core machine (README, Performance): compiled steps ran
-    # 1.1x faster on shape M after 14-50 s of compilation, which a few-minute `make train` does not win back;
-    # it also needs a C++ toolchain. On CUDA compilation pays for itself within minutes.
+    dtype, why = _pick_dtype(cfg.dtype, device, lambda: cpu_probe(probe_cache))
+    # CPU, measured on this project's 2-core machine (`bench.py --only compile`; README, Performance): the
+    # default run's model compiles in 40-140 s on a first run (4 s once Inductor's disk cache holds it) and
+    # then steps 1.02-1.2x faster; on one thread that is won back after ~5900 steps (~570 with the cache)
+    # against the 400 of a `make train`. It also needs a C++ toolchain. On CUDA compiling pays in minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
     problem = compile_problem(device) if compile_model else None
     if problem and cfg.compile:
@@ -86,8 +89,25 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0) -> Runtime:
         torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
         torch.backends.cudnn.allow_tf32 = cfg.tf32
     dtype_name = str(dtype).removeprefix("torch.")
-    log.info("device %s, autocast dtype %s, compile %s", device, dtype_name, compile_model)
-    return Runtime(device=device, dtype=dtype, compile=compile_model)
+    log.info("device %s, autocast dtype %s (%s), compile %s", device, dtype_name, why, compile_model)
+    return Runtime(device=device, dtype=dtype, compile=compile_model, dtype_reason=why)
+
+
+# bf16 autocast must beat fp32 matmuls by this factor before it is chosen on a CPU. Only the matmuls speed up
+# (about two thirds of a training step's time; the norms, GELU, softmax and AdamW stay as fast as they were),
+# and autocast adds a cast of every weight per step: a 1.5x faster matmul makes a step about 1.2x faster. A
+# smaller margin would trade a few percent at best against bf16's coarser rounding.
+BF16_MIN_SPEEDUP = 1.5
+
+
+def choose_cpu_dtype(probe: MatmulProbe) -> tuple[torch.dtype, str]:
+    """The autocast dtype for device.dtype=auto on a CPU, from its measured matmul rates, and why."""
+    rates = (f"{probe.source} {probe.n}x{probe.n} matmuls: bf16 {probe.bf16_flops / 1e9:.1f} GFLOP/s, "
+             f"fp32 {probe.fp32_flops / 1e9:.1f}")
+    if probe.bf16_speedup >= BF16_MIN_SPEEDUP:
+        return torch.bfloat16, f"auto: {rates}, bf16 {probe.bf16_speedup:.2f}x faster"
+    return torch.float32, (f"auto: {rates}; bf16 is {probe.bf16_speedup:.2f}x fp32, "
+                           f"under the {BF16_MIN_SPEEDUP}x it needs to pay")
 
 
 def inference_device(device: str, weights_dtype: str) -> tuple[torch.device, torch.dtype]:
@@ -140,18 +160,24 @@ def _pick_device(kind: str, local_rank: int) -> torch.device:
     return torch.device(kind)
 
 
-def _pick_dtype(name: str, device: torch.device) -> torch.dtype:
+def _pick_dtype(name: str, device: torch.device, probe: Callable[[], MatmulProbe]) -> tuple[torch.dtype, str]:
+    """The autocast dtype and why; `probe` is called only for auto on a CPU."""
     if name == "auto":
         if device.type == "cuda":
             # bf16 needs Ampere or newer; older GPUs get fp16 with loss scaling.
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        # CPU and MPS: float32. On this project's 2-core CPU (AVX2, no bf16 units) bf16 matmuls run at about
-        # 1 GFLOP/s against 140 for fp32 (`make bench`), so bf16 autocast made training 3-100x slower.
-        return torch.float32
+            if torch.cuda.is_bf16_supported():
+                return torch.bfloat16, "auto: the GPU has bf16"
+            return torch.float16, "auto: the GPU has no bf16, so fp16 with loss scaling"
+        if device.type == "cpu":
+            # Some CPUs compute bf16 natively (AMX, AVX512-BF16) at twice the fp32 rate or more; others
+            # emulate it at ~1 GFLOP/s (this project's AVX2 machine: 100x slower than fp32). Only a
+            # measurement tells.
+            return choose_cpu_dtype(probe())
+        return torch.float32, "auto: float32 on MPS"  # autocast on MPS gains little for models this small
     dtype = _DTYPES[name]
     if dtype == torch.float16 and device.type == "cpu":
         raise UserError("device.dtype=float16 is not supported on CPU (use bfloat16 or float32)")
-    return dtype
+    return dtype, f"device.dtype={name}"
 
 
 def datasheet_tflops(device: torch.device) -> float | None:
@@ -170,30 +196,3 @@ def peak_flops(cfg: DeviceConfig, runtime: Runtime) -> float:
     if tflops is not None:
         return tflops * 1e12
     return measure_matmul_flops(512, runtime.dtype, runtime.device, seconds=0.2)
-
-
-def measure_matmul_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float = 0.5) -> float:
-    """Best FLOP/s of (n x n) @ (n x n) in `dtype`: batches of calls are timed, the fastest batch counts.
-
-    Square matmuls of a few hundred rows and more are the most favourable work the machine does, so a model's
-    MFU against this says how close its mix of ops comes to the best case.
-    """
-    gen = torch.Generator().manual_seed(0)  # its own generator: the training RNG stream stays untouched
-    a = torch.randn(n, n, generator=gen).to(device, dtype)
-    b = torch.randn(n, n, generator=gen).to(device, dtype)
-    out = torch.empty(n, n, device=device, dtype=dtype)
-    torch.matmul(a, b, out=out)  # warm-up: thread pool, packing buffers, kernel selection
-    best, deadline = 0.0, time.perf_counter() + seconds
-    calls = 1
-    while True:
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(calls):
-            torch.matmul(a, b, out=out)
-        synchronize(device)
-        elapsed = time.perf_counter() - start
-        best = max(best, 2 * n**3 * calls / elapsed)
-        if time.perf_counter() > deadline:
-            return best
-        if elapsed < 0.05:  # too short to time reliably: make the batch bigger
-            calls *= 2

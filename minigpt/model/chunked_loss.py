@@ -7,13 +7,22 @@ the output projection's matmuls. Here the rows are processed a chunk at a time: 
 logits = x W^T, then in place
 
     loss_i  = logsumexp(logits_i) - logits_i[target_i]
-    dlogits = (softmax(logits_i) - onehot(target_i)) / N        (the gradient of the mean loss)
+    dlogits = softmax(logits_i) - onehot(target_i)         (N times the gradient of the mean loss)
 
-and the chunk's gradients dx = dlogits W and dW += dlogits^T x are computed right away, in the
+and the chunk's gradients dx = dlogits W / N and dW += dlogits^T x are computed right away, in the
 forward pass, in the chunk's own memory (softmax and gradient overwrite the logits). Backward only
 scales them by the incoming gradient. The arithmetic is F.cross_entropy's (the tests compare the
 two), the (B·T, V) tensor never exists, and no logits are returned: use it where the caller wants
 the loss alone (training). Targets of -1 are ignored, as in the plain loss.
+
+Mixed precision. Under autocast (bf16 or fp16) the two matmuls per chunk run in the autocast dtype, as
+the plain path's lm_head would, and everything between them in float32: the logits are widened once per
+chunk, so logsumexp, the loss sum and the softmax never lose the digits a 16-bit sum would (bf16 keeps 8
+significant bits). dlogits is narrowed *before* the 1/N of the mean is applied: softmax - onehot lies in
+[-1, 1], where float16 is accurate, while (softmax - onehot) / N with N = 16k tokens would fall below
+float16's smallest normal number (6e-5) and flush to zero; the reference path avoids the same underflow
+only because GradScaler multiplies the gradient first. 1/N is applied to dx and dW in float32. dW is
+accumulated over the chunks in float32, like the weight's own gradient.
 """
 
 from __future__ import annotations
@@ -26,43 +35,68 @@ DEFAULT_CHUNK_ROWS = 512
 
 
 class LinearCrossEntropy(torch.autograd.Function):
-    """mean cross-entropy of (x W^T) against targets; x (N, C), W (V, C), targets (N,) -> scalar."""
+    """mean cross-entropy of (x W^T) against targets; x (N, C), W (V, C), targets (N,) -> scalar (float32).
+
+    The matmuls run in `dtype` (the autocast dtype, or the operands' own); see the module docstring."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
-                compute_grad: bool) -> torch.Tensor:
-        valid = targets != -1  # (N,)
-        inv_count = 1.0 / valid.sum()  # a tensor: no host sync; 1/0 = inf gives NaN like F.cross_entropy
-        loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        grad_x = torch.empty_like(x) if compute_grad else None
-        grad_w = torch.zeros_like(weight) if compute_grad else None
-        for start in range(0, x.shape[0], chunk_rows):
-            rows = slice(start, start + chunk_rows)
-            xs, keep = x[rows], valid[rows]  # (n, C), (n,)
-            tgt = targets[rows].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, then masked
-            logits = xs @ weight.t()  # (n, V)
-            lse = torch.logsumexp(logits, dim=-1)  # (n,)
-            loss += ((lse - logits.gather(1, tgt).squeeze(1)) * keep).sum()
-            if compute_grad:
-                probs = logits.sub_(lse.unsqueeze(1)).exp_()  # (n, V) softmax, reusing the logits' memory
-                probs.scatter_add_(1, tgt, torch.full_like(tgt, -1, dtype=probs.dtype))  # minus one-hot
-                probs.mul_((keep * inv_count).unsqueeze(1))  # ignored rows contribute no gradient
-                torch.mm(probs, weight, out=grad_x[rows])  # (n, C)
-                grad_w.addmm_(probs.t(), xs)  # (V, C)
-        ctx.save_for_backward(grad_x, grad_w)
-        return loss * inv_count
+                compute_grad: bool, dtype: torch.dtype) -> torch.Tensor:
+        with torch.autocast(x.device.type, enabled=False):  # the casts below are explicit
+            return _forward(ctx, x, weight, targets, chunk_rows, compute_grad, dtype)
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         grad_x, grad_w = ctx.saved_tensors
         if grad_x is None:
             raise RuntimeError("linear_cross_entropy was called without compute_grad; it has no gradient")
-        return grad_x * grad_loss, grad_w * grad_loss, None, None, None
+        grad_x = (grad_x * grad_loss).to(ctx.x_dtype)
+        grad_w = (grad_w * grad_loss).to(ctx.w_dtype)
+        return grad_x, grad_w, None, None, None, None
+
+
+def _forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
+             compute_grad: bool, dtype: torch.dtype) -> torch.Tensor:
+    ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
+    valid = targets != -1  # (N,)
+    inv_count = 1.0 / valid.sum()  # a tensor: no host sync; 1/0 = inf gives NaN like F.cross_entropy
+    w = weight.to(dtype)  # (V, C): one cast per call, where autocast would cast once per matmul
+    x = x.to(dtype)  # (N, C)
+    loss = torch.zeros((), dtype=torch.float32, device=x.device)
+    grad_x = torch.empty(x.shape, dtype=torch.float32, device=x.device) if compute_grad else None
+    grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=x.device) if compute_grad else None
+    for start in range(0, x.shape[0], chunk_rows):
+        rows = slice(start, start + chunk_rows)
+        xs, keep = x[rows], valid[rows]  # (n, C), (n,)
+        tgt = targets[rows].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, then masked
+        logits = (xs @ w.t()).float()  # (n, V) float32 (a no-op in float32; widened once otherwise)
+        lse = torch.logsumexp(logits, dim=-1)  # (n,)
+        loss += ((lse - logits.gather(1, tgt).squeeze(1)) * keep).sum()
+        if not compute_grad:
+            continue
+        probs = logits.sub_(lse.unsqueeze(1)).exp_()  # (n, V) softmax, reusing the logits' memory
+        probs.scatter_add_(1, tgt, torch.full_like(tgt, -1, dtype=probs.dtype))  # minus one-hot, in [-1, 1]
+        dlogits = probs.to(dtype)  # (n, V); the same tensor in float32
+        row_scale = (keep * inv_count).unsqueeze(1)  # (n, 1): 1/N, and 0 for ignored rows
+        torch.mul(torch.mm(dlogits, w), row_scale, out=grad_x[rows])  # (n, C)
+        xs_kept = xs * keep.unsqueeze(1).to(dtype)  # (n, C): ignored rows add nothing to dW
+        if dtype == torch.float32:
+            grad_w.addmm_(dlogits.t(), xs_kept)  # (V, C), in place
+        else:
+            grad_w += torch.mm(dlogits.t(), xs_kept)  # (V, C) in `dtype`, summed in float32
+    if compute_grad:
+        grad_w.mul_(inv_count)
+    ctx.save_for_backward(grad_x, grad_w)
+    return loss * inv_count
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
-    """x (..., C), weight (V, C), targets (...) -> mean cross-entropy of x W^T, without the logits."""
+    """x (..., C), weight (V, C), targets (...) -> mean cross-entropy of x W^T (float32), without the logits.
+
+    Under autocast the matmuls run in the autocast dtype, as `nn.Linear` would; otherwise in x's dtype."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, C)
+    device_type = x.device.type
+    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
     compute_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return LinearCrossEntropy.apply(x2, weight, targets.reshape(-1), chunk_rows, compute_grad)
+    return LinearCrossEntropy.apply(x2, weight, targets.reshape(-1), chunk_rows, compute_grad, dtype)

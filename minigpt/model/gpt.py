@@ -102,7 +102,8 @@ class GPT(nn.Module):
 
         return_logits=False (with targets) is for callers that want the loss alone, like the trainer: the
         head and the loss are then fused and computed chunk by chunk (chunked_loss.py), the (B, T, V)
-        logits never exist, and None is returned in their place. Under autocast the plain path runs.
+        logits never exist, and None is returned in their place; in float32 and under bf16/fp16 autocast
+        alike (the chunk's matmuls in the autocast dtype, the softmax and the loss in float32).
 
         Causality: always causal, except that the ablation `model.causal=false` lifts the mask in training
         mode (`model.train()`), the mode the loss is optimised in. In eval mode (validation, sampling, every
@@ -112,6 +113,8 @@ class GPT(nn.Module):
         B, T = idx.shape
         if last_only and targets is not None:
             raise ValueError("last_only=True computes no loss; pass targets=None")
+        if not return_logits and targets is None:
+            raise ValueError("return_logits=False returns the loss alone; pass targets")
         mask, is_causal = None, True
         if kv_cache is None:
             if idx.shape[1] > self.config.block_size:
@@ -144,7 +147,7 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
-        if targets is not None and not return_logits and not torch.is_autocast_enabled(x.device.type):
+        if not return_logits:
             return None, linear_cross_entropy(x, self.lm_head.weight, targets)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
@@ -155,26 +158,32 @@ class GPT(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def prepare_for_inference(self) -> GPT:
-        """Switch to eval mode and, for float32 on a CPU, store every linear weight transposed in memory.
+    def prepare_for_inference(self, in_out_layout: bool | None = None) -> GPT:
+        """Switch to eval mode and, with in_out_layout, store every linear weight transposed in memory.
 
         nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
-        step that product streams the whole weight from memory, and MKL streams a transposed operand about
-        half as fast as a plain one: measured on one core for the (50304, 384) head of `make bench`'s
-        generation shape, 8.2 ms per token against 3.0 ms with the weight laid out (in, out). So each weight
-        keeps its shape, values and name and only changes its memory layout (`w.t().contiguous().t()`); the
-        same nn.Linear runs, with the same arithmetic up to summation order. Training afterwards still
-        computes the right gradients, slowly: call this on a model that will only be sampled or scored.
-        The tied embedding table shares the head's matrix and so its layout; a lookup reads C strided
-        values per token, which costs nothing next to the head.
+        step that product streams the whole weight from memory, and how fast depends on the layout, the dtype
+        and the CPU: measured on one core for the (50304, 384) head of `make bench`'s generation shape (AVX2),
+        float32 ran 8.2 ms per token as stored and 3.0 ms laid out (in, out), bfloat16 13 ms as stored and 42
+        ms laid out (in, out). So the caller decides, best by measuring (generation/cli.py does); None: (in,
+        out) for float32 on a CPU, as stored otherwise. Each weight keeps its shape, values and name and only
+        changes its memory layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same
+        arithmetic up to summation order. Training afterwards still computes the right gradients, slowly: call
+        this on a model that will only be sampled or scored. The tied embedding table shares the head's matrix
+        and so its layout; a lookup reads C strided values per token, which costs nothing next to the head.
         """
         self.eval()
         weight = self.lm_head.weight
-        if weight.device.type == "cpu" and weight.dtype == torch.float32:
-            for module in self.modules():
-                if isinstance(module, nn.Linear) and module.weight.is_contiguous():
-                    # still (out, in), now with strides (1, out): (in, out) in memory
-                    module.weight.data = module.weight.data.t().contiguous().t()
+        if in_out_layout is None:
+            in_out_layout = weight.device.type == "cpu" and weight.dtype == torch.float32
+        for module in self.modules():
+            if not isinstance(module, nn.Linear):
+                continue
+            w = module.weight.data
+            if in_out_layout and w.is_contiguous():
+                module.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
+            elif not in_out_layout and not w.is_contiguous():
+                module.weight.data = w.contiguous()  # back to nn.Linear's own layout
         return self
 
     @torch.no_grad()

@@ -114,9 +114,13 @@ class Trainer:
         self.is_main = env.is_main
         tc = cfg.trainer
         resume_from = resume.resume_source(cfg, self.out_dir)  # before any work: a bad path fails at once
+        # the first log line: device, dtype and why. Rank 0 runs (and caches) the CPU dtype probe first, so
+        # the other ranks read its result and every rank chooses alike.
+        with distributed.main_process_first(env):
+            self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank,
+                                           probe_cache=Path(cfg.data.cache_dir))
         if tc.resume == "auto" and resume_from is None:
             log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", self.out_dir)
-        self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
         seed_everything(tc.seed)
 

@@ -1,0 +1,198 @@
+"""What this machine's matmul units and memory can do, measured: a CPU has no datasheet to trust (shared,
+virtualised, frequency-scaled cores, and bf16 units some CPUs have and others emulate ~100x slower).
+
+    synchronize             wait for queued device work, so a clock measures the work and not its launch
+    measure_matmul_flops    best FLOP/s of square matmuls in a dtype: the denominator of MFU
+    measure_read_bandwidth  best bytes/s of reading a buffer larger than the caches: the denominator of MBU
+    in_out_layout_speedup   whether a decode step's one-row products run faster on weights stored (in, out)
+    cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
+                            `runtime.choose_cpu_dtype` decides the autocast dtype from it
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+# The probe's size: (256 x 256) @ (256 x 256) is large enough for the bf16 kernels (AMX tiles, AVX-512 BF16)
+# to reach most of their rate, and small enough that a CPU which emulates bf16 (~1 GFLOP/s) spends ~35 ms
+# per call: the whole probe stays under half a second on any machine.
+PROBE_N = 256
+PROBE_SECONDS = 0.1  # per dtype, after one warm-up call
+CACHE_FILE = "device_probe.json"  # in the data cache folder (see `cpu_matmul_probe`)
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait until the device has finished its queued work (a no-op on CPU, whose ops run when called)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def measure_matmul_flops(n: int, dtype: torch.dtype, device: torch.device, seconds: float = 0.5) -> float:
+    """Best FLOP/s of (n x n) @ (n x n) in `dtype`: batches of calls are timed, the fastest batch counts.
+
+    Square matmuls of a few hundred rows and more are the most favourable work the machine does, so a model's
+    MFU against this says how close its mix of ops comes to the best case.
+    """
+    gen = torch.Generator().manual_seed(0)  # its own generator: the training RNG stream stays untouched
+    a = torch.randn(n, n, generator=gen).to(device, dtype)
+    b = torch.randn(n, n, generator=gen).to(device, dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    torch.matmul(a, b, out=out)  # warm-up: thread pool, packing buffers, kernel selection
+    return _best_rate(lambda: torch.matmul(a, b, out=out), 2 * n**3, device, seconds)
+
+
+def measure_read_bandwidth(device: torch.device, nbytes: int = 256 * 2**20, seconds: float = 0.5) -> float:
+    """Best bytes/s of reading an `nbytes` float32 buffer once (far larger than a CPU's last-level cache).
+
+    Two readers, the faster counts: a sum, and a one-row product against the buffer laid out as a matrix
+    (the very access of a decode step reading a weight). A decode step's MBU against this says how close it
+    comes to just streaming its weights and KV cache from memory.
+    """
+    # constant values: a read costs the same whatever it reads, and no RNG (nor a CPU-side copy) is involved
+    buf = torch.full((nbytes // 4,), 0.5, device=device)  # (n,)
+    mat = buf.view(-1, 1024)  # (n / 1024, 1024): read row after row by the product below
+    row = torch.full((1, mat.shape[0]), 0.5, device=device)  # (1, n / 1024)
+    out = torch.empty(1, 1024, device=device)
+    readers = (lambda: buf.sum(), lambda: torch.mm(row, mat, out=out))
+    best = 0.0
+    for read in readers:
+        read()  # warm-up
+        best = max(best, _best_rate(read, buf.numel() * 4, device, seconds / len(readers)))
+    return best
+
+
+def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
+    """Best `work` per second of `fn`: batches of calls, doubled until one lasts 50 ms, for `seconds`."""
+    best, deadline, calls = 0.0, time.perf_counter() + seconds, 1
+    while True:
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        best = max(best, work * calls / elapsed)
+        if time.perf_counter() > deadline:
+            return best
+        if elapsed < 0.05:  # too short to time reliably: make the batch bigger
+            calls *= 2
+
+
+def in_out_layout_speedup(weight: torch.Tensor, repeats: int = 5) -> float:
+    """How much faster a one-row product x W^T (a decode step's work) runs with the (out, in) weight W stored
+    (in, out) in memory than as stored by nn.Linear: the ratio of the best times, the layouts interleaved."""
+    w = weight.detach()
+    layouts = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
+    x = torch.ones(1, w.shape[1], dtype=w.dtype, device=w.device)  # (1, in)
+    best = dict.fromkeys(layouts, float("inf"))
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for name, m in layouts.items():
+            synchronize(w.device)
+            start = time.perf_counter()
+            x @ m.t()  # (1, out)
+            synchronize(w.device)
+            if round_:
+                best[name] = min(best[name], time.perf_counter() - start)
+    return best["out_in"] / best["in_out"]
+
+
+@dataclass(frozen=True)
+class MatmulProbe:
+    """Measured matmul rates of one CPU (FLOP/s), and where the numbers came from."""
+
+    fp32_flops: float
+    bf16_flops: float
+    n: int = PROBE_N
+    source: str = "measured"  # measured | cached (read from the cache file)
+
+    @property
+    def bf16_speedup(self) -> float:
+        return self.bf16_flops / self.fp32_flops
+
+
+def machine_key() -> str:
+    """What the probe's result depends on: the CPU model, its vector ISA as torch sees it, and torch."""
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass  # not Linux: platform's description
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"{model} | {capability} | torch {torch.__version__}"
+
+
+def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
+    """fp32 and bf16 matmul FLOP/s of one core of this CPU: read from `cache_dir`/device_probe.json, else
+    measured (0.2-0.4 s) and written there.
+
+    The data cache folder (`data.cache_dir`) holds it because it is already where minigpt keeps what it can
+    recompute (git-ignored, configurable, relative to the launch folder, and pointed at a temporary folder by
+    the tests, so no test writes outside its own). One file maps each `machine_key()` to its numbers: a folder
+    shared by several machines, or an upgraded torch, gets a fresh measurement. A missing, unreadable or
+    damaged cache is measured again; a folder that cannot be written costs only the re-measurement next time.
+    """
+    key = machine_key()
+    path = cache_dir / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(path)
+    if key in entries:
+        try:
+            return MatmulProbe(**{**entries[key], "source": "cached"})
+        except TypeError:
+            pass  # an entry of another layout: measure again
+    cpu, threads = torch.device("cpu"), torch.get_num_threads()
+    # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting
+    # for a sibling thread the OS has descheduled (on a busy 2-core machine that made 2-thread fp32 read
+    # 0.7 GFLOP/s instead of 140, close enough to emulated bf16 to pick it).
+    torch.set_num_threads(1)
+    try:
+        probe = MatmulProbe(
+            fp32_flops=measure_matmul_flops(PROBE_N, torch.float32, cpu, PROBE_SECONDS),
+            bf16_flops=measure_matmul_flops(PROBE_N, torch.bfloat16, cpu, PROBE_SECONDS),
+        )
+    finally:
+        torch.set_num_threads(threads)
+    if path is not None:
+        entries[key] = {k: v for k, v in asdict(probe).items() if k != "source"}
+        _write_cache(path, entries)
+    return probe
+
+
+def _read_cache(path: Path | None) -> dict:
+    if path is None:
+        return {}
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):  # absent, unreadable, or half a file: a cache, so measure again
+        return {}
+    return entries if isinstance(entries, dict) else {}
+
+
+def _write_cache(path: Path, entries: dict) -> None:
+    """Write atomically (a reader sees the old file or the new one, never half), or log why not."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not cache the CPU matmul probe in %s (%s); it will be measured again next run",
+                    path, e.strerror or e)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
