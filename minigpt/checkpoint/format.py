@@ -50,7 +50,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random stream the run draws from, as tensors and plain Python (safe for `weights_only`)."""
+    """Every random stream this process draws from, as tensors and plain Python (safe for `weights_only`).
+
+    CUDA: the generator of the current device only (under torchrun each rank has its own device and saves
+    its own state; reading every device's would open a CUDA context on each of them from every rank), and
+    only once CUDA is in use, so a CPU run never initialises it. The trainer saves one of these per rank.
+    """
     np_state = np.random.get_state(legacy=False)
     state = {
         "python": random.getstate(),
@@ -59,20 +64,24 @@ def rng_state() -> dict[str, Any]:
                   "gauss": float(np_state["gauss"])},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
+    """Restore what `rng_state` captured (in the process, and on the current CUDA device, it describes)."""
     random.setstate(_as_tuple(state["python"]))
     n = state["numpy"]
     np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
                          "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # older checkpoints: one state per visible device
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _as_tuple(x: Any) -> Any:

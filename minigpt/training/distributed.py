@@ -94,6 +94,16 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     return box[0]
 
 
+def gather_object(obj: Any, env: DistEnv) -> list[Any] | None:
+    """Every rank's `obj` (picklable), in rank order, on rank 0; None on the others. A collective (over gloo
+    when the group has it: the objects stay in CPU memory). Only between the run's own processes."""
+    if not env.enabled:
+        return [obj]
+    box = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, box, dst=0)
+    return box
+
+
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True on every rank if `flag` is true on any rank: the ranks decide together (to stop, to skip a step).
 

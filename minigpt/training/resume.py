@@ -5,8 +5,9 @@
     auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
     <path>        a checkpoint folder or run folder, continued in this (new) run folder
 
-Resuming restores everything a step depends on (weights, optimizer, schedule, loss scaler, RNG, the data
-stream's position), so 10 steps + resume + 10 steps equals 20 straight steps.
+Resuming restores everything a step depends on (weights, optimizer, schedule, loss scaler, every rank's own
+RNG state, the data stream's position), so 10 steps + resume + 10 steps equals 20 straight steps, with
+dropout and on any number of ranks.
 """
 
 from __future__ import annotations
@@ -78,23 +79,29 @@ class Progress:
     best_val_loss: float = math.inf
 
 
-def training_state(progress: Progress, optimizer_state: dict, scheduler, scaler, loader) -> dict[str, Any]:
-    """state.pt's content: every stream a step depends on (plain tensors and containers only)."""
+def training_state(progress: Progress, optimizer_state: dict, scheduler, scaler, loader,
+                   rng_states: list[dict[str, Any]]) -> dict[str, Any]:
+    """state.pt's content: every stream a step depends on (plain tensors and containers only).
+
+    `rng_states[r]` is rank r's `ckpt.rng_state()`: the ranks draw different dropout masks, so each one
+    continues its own stream (the loader's stream is replayed per rank from rank 0's position instead).
+    """
     return {
         "step": progress.step, "tokens_seen": progress.tokens_seen,
         "first_val_loss": progress.first_val_loss, "best_val_loss": progress.best_val_loss,
         "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-        "loader": loader.state_dict(), "rng": ckpt.rng_state(),
+        "loader": loader.state_dict(), "rng": rng_states,
     }
 
 
-def restore(state: dict[str, Any], model, optimizer, scheduler, scaler, loader) -> Progress:
-    """Continue exactly where the checkpoint stopped: optimizer, schedule, RNG and data order."""
+def restore(state: dict[str, Any], model, optimizer, scheduler, scaler, loader, env: DistEnv) -> Progress:
+    """Continue exactly where the checkpoint stopped: optimizer, schedule, this rank's RNG and data order."""
     distributed.load_optimizer_state_dict(model, optimizer, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     scaler.load_state_dict(state["scaler"])
     loader.load_state_dict(state["loader"])  # ranks > 0 replay their own stream to the same point
-    ckpt.set_rng_state(state["rng"])
+    rng = state["rng"]  # a list by rank; older checkpoints hold one state, rank 0's
+    ckpt.set_rng_state(rng[env.rank] if isinstance(rng, list) else rng)
     return Progress(step=state["step"], tokens_seen=state["tokens_seen"],
                     first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
 

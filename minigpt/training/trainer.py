@@ -71,10 +71,28 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None) -> Tra
 
 
 def seed_everything(seed: int) -> None:
-    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator)."""
+    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator).
+
+    The same on every rank, so every rank initialises the same weights (FSDP shards them without the
+    broadcast DDP does); `seed_rank_stream` then gives each rank its own dropout masks.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+DROPOUT_STREAM = 1  # keeps the dropout stream of (seed, rank) apart from the loader's (loader.stream_seed)
+
+
+def seed_rank_stream(seed: int, rank: int) -> None:
+    """After initialisation: torch's global RNG (dropout, on CPU and CUDA) gets a stream of its own per rank.
+
+    With one stream, every rank would draw the same masks for its different batch, which is less
+    regularisation than the same run on one device. SeedSequence mixes (seed, rank, stream) into unrelated
+    seeds; a resumed run restores each rank's saved state instead (resume.py).
+    """
+    entropy = np.random.SeedSequence([seed, rank, DROPOUT_STREAM]).generate_state(1, dtype=np.uint64)[0]
+    torch.manual_seed(int(entropy))
 
 
 class Trainer:
@@ -98,6 +116,7 @@ class Trainer:
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
         self.model = build_model(cfg.model, vocab_size=vocab).to(device)
+        seed_rank_stream(tc.seed, env.rank)
         state = resume.load_for_resume(resume_from, self.model, cfg, env) if resume_from is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
         # the training steps, while evaluation and sampling use `model`, so eval mode and growing sample
@@ -125,11 +144,12 @@ class Trainer:
         self.last_saved_step = 0
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
         self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
-                                     peak_flops(cfg.device, self.runtime), self.runtime.synchronize)
+                                     peak_flops(cfg.device, self.runtime), env.world_size,
+                                     self.runtime.synchronize)
         self.tb = TensorBoardLogger(out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         if state is not None:
             self.progress = resume.restore(state, self.model, self.optimizer, self.scheduler, self.scaler,
-                                           self.loader)
+                                           self.loader, env)
             log.info("resumed from %s at step %d (%s tokens seen)", resume_from, self.progress.step,
                      f"{self.progress.tokens_seen:,}")
         log.info("model: %s parameters (%s without embeddings); %s tokens per step "
@@ -246,11 +266,16 @@ class Trainer:
         model = distributed.whole_model(self.model, self.env)  # None on ranks > 0
         if self.is_main or distributed.is_sharded(self.model):  # a collective under FSDP
             optimizer_state = distributed.optimizer_state_dict(self.model, self.optimizer)
-        if not self.is_main:
-            return
-        p = self.progress
-        state = resume.training_state(p, optimizer_state, self.scheduler, self.scaler, self.loader)
-        meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
-        path = ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, model, state, meta, self.tokenizer)
-        if name == "last":
-            self.last_saved, self.last_saved_step = path, self.progress.step
+        rng_states = distributed.gather_object(ckpt.rng_state(), self.env)  # every rank's own streams
+        if self.is_main:
+            p = self.progress
+            state = resume.training_state(p, optimizer_state, self.scheduler, self.scaler, self.loader,
+                                          rng_states)
+            meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
+            folder = self.out_dir / "checkpoints" / name
+            path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
+            if name == "last":
+                self.last_saved, self.last_saved_step = path, p.step
+        # The ranks go on together once the checkpoint is on disk: a rank whose `train` returned first could
+        # otherwise look for it (trainer.resume=auto in the same process group) before it exists.
+        distributed.barrier(self.env)
