@@ -2,8 +2,8 @@
 
 Thin on purpose: compose configs/prepare.yaml, convert it to dataclasses once and call
 `prepare_dataset`. The result is cached by fingerprint under data.cache_dir (outputs/data/ by
-default); running it again with the same settings returns at once. Bad input ends with one line on
-stderr and exit code 2; HYDRA_FULL_ERROR=1 shows Hydra's full report for config errors.
+default); running it again with the same settings verifies the cache and returns. Bad input ends
+with one line on stderr and exit code 2; HYDRA_FULL_ERROR=1 shows Hydra's full report for config errors.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ def main(cfg: DictConfig) -> None:
     print(f"prepared:  {prepared.dir}")
     print(f"tokenizer: {prepared.tokenizer.name} ({meta['vocab_size']} ids, {meta['dtype']} bins)")
     for split in ("train", "val"):
-        n_files = len(meta["files"][split])
-        print(f"{split + ':':10} {meta['tokens'][split]:,} tokens from {n_files} document(s)")
+        tokens, docs, shards = meta["tokens"][split], meta["documents"][split], len(meta["shards"][split])
+        print(f"{split + ':':10} {tokens:,} tokens from {docs:,} document(s) in {shards} shard(s)")
     t = meta["timings_s"]
     print(f"time:      {t['total']:.1f} s when built (tokenizer {t['tokenizer']:.1f} s, "
           f"encode {t['encode']:.1f} s at {meta['encode_mb_per_s']:.1f} MB/s)")

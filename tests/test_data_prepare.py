@@ -1,5 +1,6 @@
-"""prepare_dataset: bins that decode to the exact corpus, disjoint splits, the fingerprint cache,
-atomic writes, and the script's success and one-line failure."""
+"""prepare_dataset: shards that decode to the exact corpus, disjoint splits, the fingerprint cache,
+atomic writes, and the script's success and one-line failure (streamed corpora: test_data_streaming.py;
+damaged caches: test_data_cache.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import tiktoken
 
 from minigpt.data import prepare as prepare_module
-from minigpt.data.config import DataConfig, TokenizerConfig
+from minigpt.data.config import DEFAULT_EXTENSIONS, DataConfig, TokenizerConfig
 from minigpt.data.prepare import load_prepared, prepare_dataset
 from minigpt.data.tokenizers import EOT, TiktokenTokenizer
 from minigpt.errors import UserError
@@ -34,8 +35,15 @@ def text_cfg(corpus: Path, **kw) -> DataConfig:
     return DataConfig(source="text", paths=[str(corpus)], val_ratio=0.2, **kw)
 
 
-def decode_bin(path: Path, dtype: str, tokenizer) -> str:
-    return tokenizer.decode(np.fromfile(path, dtype=dtype).tolist())
+def split_tokens(prepared, split: str) -> np.ndarray:
+    """A split's tokens read straight from its shard files, in meta.json's order (not through TokenSplit)."""
+    dtype = {"uint16": "<u2", "uint32": "<u4"}[prepared.meta["dtype"]]
+    files = [prepared.dir / r["file"] for r in prepared.meta["shards"][split]]
+    return np.concatenate([np.fromfile(f, dtype=dtype) for f in files])
+
+
+def decode_split(prepared, split: str) -> str:
+    return prepared.tokenizer.decode(split_tokens(prepared, split).tolist())
 
 
 def expected_split_text(meta: dict, split: str, corpus: Path) -> str:
@@ -48,7 +56,9 @@ def expected_split_text(meta: dict, split: str, corpus: Path) -> str:
 def test_bins_decode_to_the_exact_corpus(tmp_path: Path, kind: str, vocab: int) -> None:
     corpus = make_corpus(tmp_path / "corpus")
     tok_cfg = TokenizerConfig(kind=kind, vocab_size=vocab or None)
-    prepared = prepare_dataset(text_cfg(corpus), tok_cfg, tmp_path / "cache", progress=False)
+    # a small shard size: every split spans several shards, documents cross shard boundaries
+    cfg = text_cfg(corpus, shard_tokens=700)
+    prepared = prepare_dataset(cfg, tok_cfg, tmp_path / "cache", progress=False)
     meta = prepared.meta
     assert prepared.dir.name.startswith(f"text-{kind}-") and prepared.dir.parent == tmp_path / "cache"
     assert meta["dtype"] == "uint16" and meta["vocab_size"] == prepared.tokenizer.vocab_size
@@ -58,14 +68,35 @@ def test_bins_decode_to_the_exact_corpus(tmp_path: Path, kind: str, vocab: int) 
     assert train_names and val_names and not train_names & val_names
     assert {Path(n).name for n in train_names | val_names} == {p.name for p in corpus.iterdir()}
 
-    for split, path in (("train", prepared.train_path), ("val", prepared.val_path)):
-        tokens = np.fromfile(path, dtype="<u2")
-        assert len(tokens) == meta["tokens"][split]
+    for split in ("train", "val"):
+        tokens = split_tokens(prepared, split)
+        shards = meta["shards"][split]
+        assert [r["file"] for r in shards] == [f"{split}_{i:03d}.bin" for i in range(len(shards))]
+        assert all(r["tokens"] == 700 for r in shards[:-1]) and 0 < shards[-1]["tokens"] <= 700
+        assert len(tokens) == meta["tokens"][split] == len(prepared.split(split))
+        assert np.array_equal(prepared.split(split).read(0, len(tokens)), tokens)
         assert tokens[0] == prepared.tokenizer.eot_id
-        assert (tokens == prepared.tokenizer.eot_id).sum() == len(meta["files"][split])  # one per document
-        assert decode_bin(path, "<u2", prepared.tokenizer) == expected_split_text(meta, split, corpus)
+        n_docs = (tokens == prepared.tokenizer.eot_id).sum()  # one boundary per document
+        assert n_docs == len(meta["files"][split]) == meta["documents"][split]
+        expected = expected_split_text(meta, split, corpus)
+        assert decode_split(prepared, split) == expected
+        assert meta["bytes"][split] == len(expected.replace(EOT, "").encode("utf-8"))
+    assert len(meta["shards"]["train"]) > 3
     if kind == "bpe":
         assert prepared.tokenizer.vocab_size == 300
+
+
+def test_shard_size_and_workers_change_files_not_tokens(tmp_path: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus")
+    tok = TokenizerConfig(kind="bpe", vocab_size=300)
+    one = prepare_dataset(text_cfg(corpus), tok, tmp_path / "a", progress=False)
+    cfg = text_cfg(corpus, shard_tokens=333, num_workers=1)
+    many = prepare_dataset(cfg, tok, tmp_path / "b", progress=False)
+    assert one.dir.name == many.dir.name  # same fingerprint: neither setting shapes the tokens
+    assert [len(one.meta["shards"][s]) for s in ("train", "val")] == [1, 1]
+    assert len(many.meta["shards"]["train"]) > 3
+    for split in ("train", "val"):
+        assert np.array_equal(split_tokens(one, split), split_tokens(many, split))
 
 
 def test_cache_reuses_unchanged_and_refreshes_changed(
@@ -81,7 +112,8 @@ def test_cache_reuses_unchanged_and_refreshes_changed(
 
     with monkeypatch.context() as m:
         m.setattr(prepare_module, "build_tokenizer", no_rebuild)
-        again = prepare_dataset(text_cfg(corpus, num_threads=1), tok, cache, progress=False)  # threads: same
+        again = prepare_dataset(text_cfg(corpus, num_workers=1, shard_tokens=100), tok, cache,
+                                progress=False)  # files and speed, not tokens: the same dataset
     assert again.dir == first.dir
 
     bigger_vocab = prepare_dataset(text_cfg(corpus), TokenizerConfig(kind="bpe", vocab_size=310), cache,
@@ -102,21 +134,21 @@ def test_large_vocabularies_use_uint32(tmp_path: Path, monkeypatch: pytest.Monke
     tok_cfg = TokenizerConfig(kind="cl100k")
     prepared = prepare_dataset(text_cfg(corpus), tok_cfg, tmp_path / "cache", progress=False)
     assert prepared.meta["dtype"] == "uint32" and prepared.vocab_size == 70_001
-    tokens = np.fromfile(prepared.train_path, dtype="<u4")
+    tokens = split_tokens(prepared, "train")
+    assert tokens.dtype == np.dtype("<u4") and prepared.meta["shards"]["train"][0]["bytes"] == 4 * len(tokens)
     assert tokens[0] == 70_000 and len(tokens) == prepared.meta["tokens"]["train"]
-    assert decode_bin(prepared.train_path, "<u4", prepared.tokenizer) == expected_split_text(
-        prepared.meta, "train", corpus)
+    assert decode_split(prepared, "train") == expected_split_text(prepared.meta, "train", corpus)
 
 
 def test_interrupted_prepare_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     corpus = make_corpus(tmp_path / "corpus")
     cache = tmp_path / "cache"
 
-    def crash(path, *args, **kwargs):
-        Path(path).write_bytes(b"\x00" * 10)  # a half-written file...
+    def crash(tagged_docs, tokenizer, tokenizer_dir, writers, **kwargs):
+        writers["train"].write(np.zeros(10, dtype=np.uint16))  # a half-written shard...
         raise KeyboardInterrupt  # ...then the user presses Ctrl-C
 
-    monkeypatch.setattr(prepare_module, "write_tokens", crash)
+    monkeypatch.setattr(prepare_module, "encode_corpus", crash)
     with pytest.raises(KeyboardInterrupt):
         prepare_dataset(text_cfg(corpus), TokenizerConfig(kind="byte"), cache, progress=False)
     assert list(cache.iterdir()) == []
@@ -156,7 +188,7 @@ def test_real_pystdlib_subset(tmp_path: Path) -> None:
     for name in train | val:  # only .py files, none from test suites, IDLE, site-packages, ...
         assert name.endswith(".py") and not set(Path(name).parts[:-1]) & set(cfg.exclude), name
     expected = "".join(EOT + (root / f["name"]).read_text(encoding="utf-8") for f in meta["files"]["val"])
-    assert decode_bin(prepared.val_path, "<u2", prepared.tokenizer) == expected
+    assert decode_split(prepared, "val") == expected
     assert load_prepared(prepared.dir).meta == meta
 
 
@@ -181,7 +213,7 @@ def test_prepare_script_succeeds_then_fails_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.parametrize(  # every option of both groups at least once (composing costs ~0.3 s)
     ("data", "tokenizer"),
     [("pystdlib", "bpe"), ("shakespeare", "char"), ("text", "byte"), ("pystdlib", "gpt2"),
-     ("text", "cl100k")],
+     ("text", "cl100k"), ("files", "bpe")],
 )
 def test_every_data_and_tokenizer_preset_composes(data: str, tokenizer: str) -> None:
     from hydra import compose, initialize_config_dir
@@ -190,9 +222,11 @@ def test_every_data_and_tokenizer_preset_composes(data: str, tokenizer: str) -> 
 
     register_configs()
     overrides = [f"data={data}", f"tokenizer={tokenizer}"]
-    if data == "text":
+    if data in ("text", "files"):
         overrides.append("data.paths=[notes]")
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
         cfg = to_object(compose(config_name="prepare", overrides=overrides), PrepareConfig)
     assert (cfg.data.source, cfg.tokenizer.kind) == (data, tokenizer)
     assert cfg.data.cache_dir == "outputs/data"
+    if data in ("text", "files"):  # data.extensions: null means the source's own list
+        assert cfg.data.extensions is None and cfg.data.file_extensions() == DEFAULT_EXTENSIONS[data]

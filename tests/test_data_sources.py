@@ -134,6 +134,13 @@ def test_data_config_validation() -> None:
         DataConfig(val_ratio=1.0)
     with pytest.raises(UserError, match="data.extensions"):
         DataConfig(extensions=["txt"])
+    with pytest.raises(UserError, match=r"data=files needs data.paths"):
+        DataConfig(source="files")
+    bad_values = [({"num_workers": -1}, "data.num_workers=-1"), ({"shard_tokens": 0}, "data.shard_tokens=0"),
+                  ({"verify": "never"}, "data.verify='never'"), ({"text_key": ""}, "data.text_key is empty")]
+    for bad, key in bad_values:
+        with pytest.raises(UserError, match=key):
+            DataConfig(**bad)
 
 
 # -- tiny-shakespeare: never the real network -------------------------------------------------------

@@ -6,6 +6,7 @@ import random
 import sysconfig
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 import rustbpe
@@ -21,6 +22,7 @@ from minigpt.data.tokenizers import (
     EOT,
     ByteTokenizer,
     CharTokenizer,
+    TiktokenTokenizer,
     Tokenizer,
     build_tokenizer,
     load_tokenizer,
@@ -191,3 +193,37 @@ def test_named_encodings_offline_give_one_line(
     assert "\n" not in message
     assert "TIKTOKEN_CACHE_DIR" in message and "network" in message and "tokenizer=bpe" in message
     assert "ConnectionError" in message  # the simulated outage, not some other failure
+
+
+# -- token_byte_lengths: the bytes of text behind every id, for bits per byte -------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=st.text(max_size=200))
+def test_token_byte_lengths_sum_to_the_utf8_length(bpe: Tokenizer, text: str) -> None:
+    text = text.encode("utf-8", "replace").decode("utf-8")  # lone surrogates are not text a file can hold
+    for tok in (bpe, ByteTokenizer(), CharTokenizer.from_texts([text])):
+        table = tok.token_byte_lengths()
+        assert table.shape == (tok.vocab_size,) and table.dtype == np.int64
+        assert table[tok.eot_id] == 0  # a document boundary, not text
+        ids = tok.encode(text)
+        assert int(table[ids].sum()) == len(text.encode("utf-8"))
+
+
+def test_bpe_byte_lengths_match_tiktokens_decoder_even_for_partial_characters(bpe: Tokenizer) -> None:
+    table = bpe.token_byte_lengths()
+    for i in range(bpe.vocab_size - 1):  # every token but the special one, against tiktoken's own bytes
+        assert table[i] == len(bpe.encoding.decode_single_token_bytes(i))
+    ids = bpe.encode("🐍")  # rare in the training text: four single-byte tokens, none a whole character
+    assert [int(table[i]) for i in ids] == [1, 1, 1, 1]
+
+
+def test_named_style_encodings_give_specials_and_unused_ids_zero_bytes() -> None:
+    # A byte-level encoding whose special token sits at 70000, as in tiktoken's named encodings: the ids
+    # between the last rank and the special name no token (cl100k_base has such gaps).
+    enc = tiktoken.Encoding("gappy", pat_str=r"\s+|\S+", mergeable_ranks={bytes([b]): b for b in range(256)}
+                            | {b"ab": 256}, special_tokens={EOT: 70_000})
+    table = TiktokenTokenizer("cl100k", enc).token_byte_lengths()
+    assert table.shape == (70_001,)
+    assert table[:256].tolist() == [1] * 256 and table[256] == 2
+    assert not table[257:].any()

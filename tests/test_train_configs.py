@@ -71,7 +71,7 @@ def _value(cfg: TrainConfig, dotted: str):
 @pytest.mark.parametrize("group", ["model", "optim", "trainer", "device", "logging", "data", "tokenizer"])
 def test_every_group_option_sets_what_its_file_says(group: str):
     for option in _options(group):
-        needs_paths = (group, option) == ("data", "text")
+        needs_paths = group == "data" and option in ("text", "files")
         overrides = [f"{group}={option}"] + (["data.paths=[x.txt]"] if needs_paths else [])
         cfg = to_object(compose_train(overrides), TrainConfig)
         for key, want in _yaml_values(CONFIG_DIR / group / f"{option}.yaml").items():

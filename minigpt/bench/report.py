@@ -86,7 +86,20 @@ def format_data(r: dict) -> list[str]:
     return [f"Data: prepare {r['corpus']} with {r['tokenizer']} from scratch in {r['prepare_s']:.1f} s "
             f"({phases}); {r['tokens'].get('train', 0):,} train tokens; "
             f"encode {r['encode_mb_per_s']:.2f} MB/s (one call per document), "
-            f"{r['encode_batch_mb_per_s']:.2f} MB/s (threaded batch)"]
+            f"{r['encode_batch_mb_per_s']:.2f} MB/s (threaded batch)",
+            *format_data_verify(r)]
+
+
+def format_data_verify(r: dict) -> list[str]:
+    if "verify_s" not in r:
+        return []
+    v, syn = r["verify_s"], r["synthetic"]
+    return [f"Data cache reuse: {r['shard_mb']:.1f} MB of shards verified in {v['stamp'] * 1e3:.1f} ms by "
+            f"stamps, {v['hash'] * 1e3:.1f} ms by sha256 (whole reuse {r['reuse_prepare_s']:.2f} s); "
+            f"{syn['mb']} MB in {syn['shards']} shards: written in {syn['write_s']:.1f} s, verified in "
+            f"{syn['verify_s']['stamp'] * 1e3:.1f} ms by stamps, {syn['verify_s']['hash']:.2f} s by sha256 "
+            f"({syn['hash_mb_per_s']:,.0f} MB/s); loader {syn['loader_tokens_per_s'] / 1e6:.1f}M tokens/s "
+            f"at B x T = {syn['loader_shape'][0]} x {syn['loader_shape'][1]}"]
 
 
 def format_train_loop(r: dict) -> list[str]:

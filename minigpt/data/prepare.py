@@ -1,16 +1,28 @@
-"""Text -> tokenizer -> flat token files, cached by a fingerprint of everything that shapes them.
+"""Text -> tokenizer -> sharded token files, cached by a fingerprint of everything that shapes them.
 
 A prepared dataset is a folder `<cache_root>/<source>-<tokenizer>-<fingerprint[:12]>/`:
 
-    train.bin, val.bin   every document as [<|endoftext|>, its tokens...], concatenated; little-endian
-                         uint16 when the vocabulary fits (vocab_size <= 65536), else uint32
+    train_000.bin, ...   every document as [<|endoftext|>, its tokens...], concatenated and cut into shards of
+    val_000.bin, ...     data.shard_tokens tokens (shards.py: the format, and why sha256)
     tokenizer/           the tokenizer's files (`load_tokenizer`), copied into every checkpoint
-    meta.json            corpus, files and sizes, token counts, tokenizer, dtype, fingerprint, timings
+    meta.json            each split's shards (tokens, bytes, sha256), the tokenizer files' sha256, the dtype,
+                         token / document / character / byte counts, the corpus, settings and timings
+    verified.json        when each shard was last hashed (verify.py)
 
-The fingerprint hashes the tokenizer settings and the exact documents of each split (names and
-content), so any change to the corpus or its settings gets a fresh folder, and an unchanged one
-is reused at once. The folder is built under a temporary name and renamed when complete: an
-interrupted prepare leaves no half dataset (and two processes racing simply both finish).
+The fingerprint of a corpus read whole (pystdlib, shakespeare, text) hashes the exact documents of each
+split (names and a hash of their content); that of a streamed one (files) hashes its files' names, sizes
+and mtimes instead, so it costs no pass over the data (streaming.py). Both add the tokenizer settings and
+the format version. Any change gets a fresh folder; an unchanged one is verified and reused.
+
+A damaged folder (verify.py) is rebuilt, with one warning: it is derived data. When the corpus itself is
+gone (files deleted, shakespeare offline and not downloaded), an intact folder prepared earlier with the
+same settings is used, with a warning; a damaged one stops with one line, as nothing could rebuild it.
+
+Concurrency: the folder is built under a temporary name and renamed when complete, so an interrupted
+prepare leaves nothing behind, and processes preparing the same dataset at once (ranks, nodes sharing a
+filesystem, two jobs) all end with the same intact folder: the first rename wins, the others find an
+intact folder and drop their copy. A damaged folder is moved aside before its replacement is renamed in;
+jobs that have its shards mapped keep reading them (POSIX keeps a moved or deleted file alive while open).
 """
 
 from __future__ import annotations
@@ -27,21 +39,21 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from tqdm import tqdm
-
 from minigpt.data.config import DataConfig, TokenizerConfig
-from minigpt.data.sources import Corpus, Document, load_corpus
+from minigpt.data.documents import SPLITS, SourceMissing
+from minigpt.data.encode import encode_corpus
+from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for, file_digest
+from minigpt.data.sources import Corpus, load_corpus
+from minigpt.data.streaming import StreamedCorpus
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
+from minigpt.data.verify import META_FILE, TOKENIZER_DIR, find_damage, read_meta, stamp_now
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
-META_FILE = "meta.json"
-TOKENIZER_DIR = "tokenizer"
-DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # meta.json name -> on-disk dtype
-ENCODE_CHUNK_CHARS = 4_000_000  # documents per encode_batch call: enough for every thread, bounded memory
+FORMAT_VERSION = 2  # 2: sharded bins with sizes and hashes in meta.json (1: one train.bin / val.bin)
+# Settings that change files or speed, never tokens: left out of the fingerprint and the config key.
+NOT_SHAPING = ("cache_dir", "num_workers", "shard_tokens", "verify")
 
 
 @dataclass
@@ -52,17 +64,9 @@ class PreparedData:
     meta: dict[str, Any]
     tokenizer: Tokenizer
 
-    @property
-    def train_path(self) -> Path:
-        return self.dir / "train.bin"
-
-    @property
-    def val_path(self) -> Path:
-        return self.dir / "val.bin"
-
-    @property
-    def tokenizer_dir(self) -> Path:
-        return self.dir / TOKENIZER_DIR
+    def split(self, name: str) -> TokenSplit:
+        """The `train` or `val` tokens as one stream over their shards (memory-mapped, sizes checked)."""
+        return TokenSplit.open(self.dir, name, self.meta)
 
     @property
     def vocab_size(self) -> int:
@@ -76,149 +80,184 @@ def prepare_dataset(
     *,
     progress: bool = True,
 ) -> PreparedData:
-    """Prepare (or reuse) the token files for this corpus and tokenizer.
+    """Prepare (or verify and reuse) the token shards for this corpus and tokenizer.
 
-    `cache_root` defaults to `data_cfg.cache_dir`. In distributed training call this on rank 0
-    first and on the other ranks after a barrier: they then find the finished folder.
+    `cache_root` defaults to `data_cfg.cache_dir`. In distributed training call this on rank 0 first and
+    on the other ranks after a barrier: they then find the finished folder.
     """
     cache_root = Path(cache_root if cache_root is not None else data_cfg.cache_dir)
     t0 = time.perf_counter()
-    corpus = load_corpus(data_cfg, cache_root)
+    try:
+        corpus = load_corpus(data_cfg, cache_root)
+    except SourceMissing as missing:
+        return _reuse_without_sources(cache_root, data_cfg, tokenizer_cfg, missing)
     fingerprint = _fingerprint(corpus, tokenizer_cfg)
     final = cache_root / f"{data_cfg.source}-{tokenizer_cfg.kind}-{fingerprint[:12]}"
     t_collect = time.perf_counter() - t0
-    if (final / META_FILE).is_file():
-        log.info("reusing prepared data in %s", final)
-        return load_prepared(final)
+    if final.exists():
+        damage = _damage(final, data_cfg.verify)
+        if damage is None:
+            log.info("reusing prepared data in %s", final)
+            return load_prepared(final)
+        log.warning("the prepared data in %s is damaged (%s); rebuilding it", final, damage)
 
     tmp = cache_root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir(parents=True)
         meta = _build(tmp, corpus, data_cfg, tokenizer_cfg, progress=progress)
-        meta["fingerprint"] = fingerprint
-        meta["timings_s"]["collect"] = round(t_collect, 3)
-        meta["timings_s"]["total"] = round(time.perf_counter() - t0, 3)
+        meta |= {"fingerprint": fingerprint, "config_key": config_key(data_cfg, tokenizer_cfg)}
+        meta["timings_s"] |= {"collect": round(t_collect, 3), "total": round(time.perf_counter() - t0, 3)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if final.is_dir() and not (final / META_FILE).is_file():
-                raise UserError(f"{final} is incomplete (no {META_FILE}); delete it and run again") from None
-            if not final.is_dir():
-                raise
-            # else: another process (e.g. another rank) finished the same dataset first; use theirs
-            shutil.rmtree(tmp, ignore_errors=True)
+        stamp_now(tmp, meta)
+        won = _publish(tmp, final, data_cfg.verify)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info(
-        "prepared %s: %d train + %d val tokens in %.1f s",
-        final, meta["tokens"]["train"], meta["tokens"]["val"], meta["timings_s"]["total"],
-    )
+    if won:
+        log.info("prepared %s: %d train + %d val tokens in %.1f s",
+                 final, meta["tokens"]["train"], meta["tokens"]["val"], meta["timings_s"]["total"])
+    else:
+        log.info("another process prepared %s first; using it", final)
     return load_prepared(final)
 
 
 def load_prepared(folder: Path) -> PreparedData:
-    """Open a folder written by `prepare_dataset`."""
+    """Open a folder written by `prepare_dataset` (its shards are opened, and their sizes checked, by
+    `PreparedData.split`; `prepare_dataset` verifies their content)."""
     folder = Path(folder)
-    meta_path = folder / META_FILE
-    if not meta_path.is_file():
-        raise UserError(f"{folder} is not a prepared dataset (no {META_FILE}); run scripts/prepare_data.py")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(
-            f"{meta_path} has format_version {meta.get('format_version')}, "
-            f"this minigpt reads {FORMAT_VERSION}; "
-            f"delete {folder} and prepare again"
-        )
+    meta, problem = read_meta(folder, FORMAT_VERSION)
+    if meta is None:
+        raise UserError(f"{folder} is not a prepared dataset of this minigpt ({problem}); "
+                        "prepare it again (scripts/prepare_data.py)")
     return PreparedData(folder, meta, load_tokenizer(folder / TOKENIZER_DIR))
 
 
-def _fingerprint(corpus: Corpus, tokenizer_cfg: TokenizerConfig) -> str:
-    """sha256 over the format, the tokenizer settings that change ids, and each split's documents."""
-    h = hashlib.sha256()
-    settings: dict[str, Any] = {"format_version": FORMAT_VERSION, "tokenizer": tokenizer_cfg.kind}
+def config_key(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> str:
+    """A hash of the settings alone (no corpus content): how a cache is found when its corpus is gone."""
+    data = {k: v for k, v in asdict(data_cfg).items() if k not in NOT_SHAPING}
+    data["paths"] = [os.path.abspath(os.path.expanduser(p)) for p in data_cfg.paths]
+    key = {"format_version": FORMAT_VERSION, "data": data, "tokenizer": _tokenizer_settings(tokenizer_cfg)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _tokenizer_settings(tokenizer_cfg: TokenizerConfig) -> dict[str, Any]:
+    settings: dict[str, Any] = {"tokenizer": tokenizer_cfg.kind}
     if tokenizer_cfg.kind == "bpe":
         settings |= {"vocab_size": tokenizer_cfg.bpe_vocab_size, "train_chars": tokenizer_cfg.train_chars}
-    h.update(json.dumps(settings, sort_keys=True).encode())
-    for split, docs in (("train", corpus.train), ("val", corpus.val)):
-        for doc in docs:
-            text_hash = hashlib.sha256(doc.text.encode("utf-8")).hexdigest()
-            h.update(f"{split}\0{doc.name}\0{text_hash}\n".encode())
+    return settings
+
+
+def _fingerprint(corpus: Corpus | StreamedCorpus, tokenizer_cfg: TokenizerConfig) -> str:
+    """sha256 over the format, the tokenizer settings that change ids, and the corpus' own lines."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"format_version": FORMAT_VERSION, **_tokenizer_settings(tokenizer_cfg)},
+                        sort_keys=True).encode())
+    for line in corpus.fingerprint_lines():
+        h.update(line.encode("utf-8"))
     return h.hexdigest()
 
 
+def _damage(folder: Path, verify: str) -> str | None:
+    meta, problem = read_meta(folder, FORMAT_VERSION)
+    return problem if meta is None else find_damage(folder, meta, verify)
+
+
 def _build(
-    folder: Path, corpus: Corpus, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig, *, progress: bool
+    folder: Path, corpus: Corpus | StreamedCorpus, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig,
+    *, progress: bool,
 ) -> dict[str, Any]:
-    """Train/obtain the tokenizer, write both bins; return meta.json's content (minus fingerprint)."""
+    """Train/obtain the tokenizer, write both splits' shards; return meta.json's content (minus keys)."""
     t0 = time.perf_counter()
     # bpe learns only from train (val must be unseen); char needs every character it will meet.
-    learn_from = corpus.train if tokenizer_cfg.kind == "bpe" else corpus.train + corpus.val
-    tokenizer = build_tokenizer(tokenizer_cfg, (d.text for d in learn_from))
+    if tokenizer_cfg.kind == "bpe":
+        learn_from = (d.text for d in corpus.documents("train"))
+    else:
+        learn_from = (d.text for _, d in corpus.tagged_documents())
+    tokenizer = build_tokenizer(tokenizer_cfg, learn_from)
     tokenizer.save(folder / TOKENIZER_DIR)
     t_tok = time.perf_counter() - t0
 
-    dtype_name = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
-    tokens, chars = {}, {}
     t0 = time.perf_counter()
-    for split, docs in (("train", corpus.train), ("val", corpus.val)):
-        tokens[split] = write_tokens(
-            folder / f"{split}.bin", docs, tokenizer, DTYPES[dtype_name], data_cfg.num_threads, progress
-        )
-        chars[split] = sum(len(d.text) for d in docs)
+    dtype = dtype_for(tokenizer.vocab_size)
+    writers = {split: ShardWriter(folder, split, dtype, data_cfg.shard_tokens) for split in SPLITS}
+    total = sum(len(d.text) for _, d in corpus.tagged_documents()) if isinstance(corpus, Corpus) else None
+    counts = encode_corpus(corpus.tagged_documents(), tokenizer, folder / TOKENIZER_DIR, writers,
+                           num_workers=data_cfg.num_workers, progress=progress, total_chars=total)
+    shards = {split: writer.close() for split, writer in writers.items()}
     t_enc = time.perf_counter() - t0
-    mb = sum(len(d.text.encode("utf-8")) for d in corpus.train + corpus.val) / 1e6
+    for split in SPLITS:
+        if not counts[split].documents:
+            raise UserError(f"data={data_cfg.source} gave no {split} documents with data.val_ratio="
+                            f"{data_cfg.val_ratio}; change data.val_ratio or add documents")
+    tokenizer_files = {p.relative_to(folder / TOKENIZER_DIR).as_posix(): file_digest(p)
+                       for p in sorted((folder / TOKENIZER_DIR).rglob("*")) if p.is_file()}
+    n_bytes = sum(c.bytes for c in counts.values())
     return {
         "format_version": FORMAT_VERSION,
         "source": data_cfg.source,
-        "layout": "each document is <|endoftext|> followed by its tokens; documents concatenated",
+        "layout": "each document is <|endoftext|> followed by its tokens; documents concatenated; "
+                  "a split is its shards concatenated in the order listed",
         "vocab_size": tokenizer.vocab_size,
         "eot_id": tokenizer.eot_id,
-        "dtype": dtype_name,
-        "tokens": tokens,
-        "chars": chars,
-        "tokenizer": {"kind": tokenizer.kind, "name": tokenizer.name, "dir": TOKENIZER_DIR},
-        "files": {
-            "train": [{"name": d.name, "chars": len(d.text)} for d in corpus.train],
-            "val": [{"name": d.name, "chars": len(d.text)} for d in corpus.val],
-        },
+        "dtype": dtype,
+        "hash": HASH,
+        "shards": shards,
+        "tokens": {split: sum(r["tokens"] for r in shards[split]) for split in SPLITS},
+        "documents": {split: counts[split].documents for split in SPLITS},
+        "chars": {split: counts[split].chars for split in SPLITS},
+        "bytes": {split: counts[split].bytes for split in SPLITS},
+        "tokenizer": {"kind": tokenizer.kind, "name": tokenizer.name, "dir": TOKENIZER_DIR,
+                      "files": tokenizer_files},
+        **corpus.describe(),
         "config": {"data": asdict(data_cfg), "tokenizer": asdict(tokenizer_cfg)},
         "python": platform.python_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "timings_s": {"tokenizer": round(t_tok, 3), "encode": round(t_enc, 3)},
-        "encode_mb_per_s": round(mb / max(t_enc, 1e-9), 2),
+        "encode_mb_per_s": round(n_bytes / 1e6 / max(t_enc, 1e-9), 2),
     }
 
 
-def write_tokens(
-    path: Path, docs: list[Document], tokenizer: Tokenizer, dtype: np.dtype, num_threads: int, progress: bool
-) -> int:
-    """Encode `docs` in chunks and append [eot, tokens...] per document to `path`; return the count."""
-    n_tokens = 0
-    total = sum(len(d.text) for d in docs)
-    # disable=None: show the bar only on a terminal, so logs and CI output stay free of it.
-    disable = None if progress else True
-    bar = tqdm(total=total, unit="char", unit_scale=True, desc=f"encode {path.stem}", disable=disable)
-    with open(path, "wb") as f, bar:
-        for chunk in _chunks(docs, ENCODE_CHUNK_CHARS):
-            for ids in tokenizer.encode_batch([d.text for d in chunk], num_threads=num_threads):
-                row = np.empty(len(ids) + 1, dtype=dtype)
-                row[0] = tokenizer.eot_id
-                row[1:] = ids
-                f.write(row.tobytes())
-                n_tokens += len(row)
-            bar.update(sum(len(d.text) for d in chunk))
-    return n_tokens
+def _publish(tmp: Path, final: Path, verify: str) -> bool:
+    """Rename the finished `tmp` to `final`; True if it is ours. If `final` exists, keep it when it is intact
+    (another process finished the same dataset first: identical content), else move it aside and put `tmp`
+    in its place."""
+    for _ in range(3):  # each round either succeeds or finds a folder another process just put there
+        try:
+            os.rename(tmp, final)  # fails when `final` is a non-empty folder
+            return True
+        except OSError:
+            if not final.is_dir():
+                raise
+        if _damage(final, verify) is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return False
+        aside = final.with_name(f".damaged-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(final, aside)
+        except FileNotFoundError:  # another process moved it first
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+    raise UserError(f"{final} keeps changing while it is being replaced; stop the other jobs preparing it "
+                    "and run again")
 
 
-def _chunks(docs: list[Document], max_chars: int) -> list[list[Document]]:
-    chunks: list[list[Document]] = [[]]
-    size = 0
-    for doc in docs:
-        if chunks[-1] and size + len(doc.text) > max_chars:
-            chunks.append([])
-            size = 0
-        chunks[-1].append(doc)
-        size += len(doc.text)
-    return chunks
+def _reuse_without_sources(
+    cache_root: Path, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig, missing: SourceMissing
+) -> PreparedData:
+    """The corpus is gone: serve the newest folder prepared with the same settings, if it verifies."""
+    key = config_key(data_cfg, tokenizer_cfg)
+    candidates = []
+    for folder in cache_root.glob(f"{data_cfg.source}-{tokenizer_cfg.kind}-*"):
+        meta, _ = read_meta(folder, FORMAT_VERSION)
+        if meta is not None and meta.get("config_key") == key:
+            candidates.append((folder.joinpath(META_FILE).stat().st_mtime, folder))
+    if not candidates:
+        raise missing
+    folder = max(candidates)[1]
+    damage = _damage(folder, data_cfg.verify)
+    if damage is not None:
+        raise UserError(f"the prepared data in {folder} is damaged ({damage}) and cannot be rebuilt because "
+                        f"its corpus is gone: {missing} -- restore the corpus files to rebuild it")
+    log.warning("%s; using the data prepared from it earlier in %s (verified against its meta.json)",
+                missing, folder)
+    return load_prepared(folder)

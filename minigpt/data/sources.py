@@ -1,26 +1,30 @@
-"""Where the text comes from: the three corpora, read into documents and split train/val.
+"""Where the text comes from: the corpora, read into documents and split train/val.
 
-A corpus is a list of `Document`s (one per file). Splitting happens here, by document, so no
-validation text can leak into training: multi-file corpora are split by a stable hash of each
-file's relative path, a single document (tiny-shakespeare, or one user file) by its tail.
+A small corpus is a list of `Document`s (one per file), read at once. Splitting happens here, by
+document, so no validation text can leak into training: multi-file corpora are split by a stable hash
+of each file's relative path, a single document (tiny-shakespeare, or one user file) by its tail.
 
     pystdlib     the running interpreter's standard library (*.py), present wherever Python is
     shakespeare  tiny-shakespeare (~1.1 MB), downloaded once into the cache and sha256-checked
     text         the user's own files, folders or globs
+    files        parquet / jsonl / txt shards of any size, streamed (streaming.py)
 """
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import logging
 import os
 import sysconfig
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from minigpt.data.config import DataConfig
+from minigpt.data.documents import SPLITS, Document, SourceMissing, collect_files, unit_hash, walk_files
+from minigpt.data.streaming import StreamedCorpus
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,21 +37,36 @@ DOWNLOAD_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
-class Document:
-    """One unit of text: `name` is its relative path (recorded in meta.json), `text` its content."""
-
-    name: str
-    text: str
-
-
-@dataclass(frozen=True)
 class Corpus:
+    """A corpus small enough to hold: its documents read, split, and fingerprinted by their content."""
+
     train: list[Document]
     val: list[Document]
 
+    def documents(self, split: str) -> Iterator[Document]:
+        yield from getattr(self, split)
 
-def load_corpus(cfg: DataConfig, cache_root: Path) -> Corpus:
-    """Read the configured corpus and split it into train and val documents."""
+    def tagged_documents(self) -> Iterator[tuple[str, Document]]:
+        """(split, document) for the whole corpus: train, then val."""
+        for split in SPLITS:
+            yield from ((split, d) for d in getattr(self, split))
+
+    def fingerprint_lines(self) -> Iterator[str]:
+        """What the cache key hashes: each document's split, name and a hash of its text."""
+        for split, doc in self.tagged_documents():
+            yield f"{split}\0{doc.name}\0{hashlib.sha256(doc.text.encode('utf-8')).hexdigest()}\n"
+
+    def describe(self) -> dict[str, Any]:
+        """meta.json's record of the corpus: every document's name and length."""
+        files = {s: [{"name": d.name, "chars": len(d.text)} for d in getattr(self, s)] for s in SPLITS}
+        return {"files": files}
+
+
+def load_corpus(cfg: DataConfig, cache_root: Path) -> Corpus | StreamedCorpus:
+    """The configured corpus: read and split now (pystdlib, shakespeare, text) or opened for streaming
+    (files). Both kinds offer documents(split), tagged_documents(), fingerprint_lines() and describe()."""
+    if cfg.source == "files":
+        return StreamedCorpus.open(cfg)
     if cfg.source == "pystdlib":
         docs = read_pystdlib(cfg)
     elif cfg.source == "shakespeare":
@@ -63,11 +82,6 @@ def load_corpus(cfg: DataConfig, cache_root: Path) -> Corpus:
 # Splitting
 
 
-def _unit_hash(name: str) -> float:
-    """A number in [0, 1) fixed by the name alone (hashlib, not hash(): that is salted per process)."""
-    return int(hashlib.sha256(name.encode("utf-8")).hexdigest()[:16], 16) / 2**64
-
-
 def split_documents(docs: list[Document], val_ratio: float) -> Corpus:
     """Split by document: a file is in val when the hash of its name falls below `val_ratio`.
 
@@ -77,8 +91,8 @@ def split_documents(docs: list[Document], val_ratio: float) -> Corpus:
     """
     if len(docs) == 1:
         return _split_tail(docs[0], val_ratio)
-    ranked = sorted(docs, key=lambda d: _unit_hash(d.name))
-    n_val = sum(_unit_hash(d.name) < val_ratio for d in ranked)
+    ranked = sorted(docs, key=lambda d: unit_hash(d.name))
+    n_val = sum(unit_hash(d.name) < val_ratio for d in ranked)
     n_val = min(max(n_val, 1), len(docs) - 1)
     val_names = {d.name for d in ranked[:n_val]}
     # Keep the corpus' own (deterministic) order within each split.
@@ -115,7 +129,7 @@ def read_pystdlib(cfg: DataConfig, root: Path | None = None) -> list[Document]:
     root = root or pystdlib_root()
     exclude = set(cfg.exclude)
     docs = []
-    for path in _walk(root, exclude):
+    for path in walk_files(root, exclude):
         if not path.name.endswith(".py") or path.stat().st_size > cfg.max_file_bytes:
             continue
         try:
@@ -126,16 +140,6 @@ def read_pystdlib(cfg: DataConfig, root: Path | None = None) -> list[Document]:
         if text:
             docs.append(Document(path.relative_to(root).as_posix(), text))
     return docs
-
-
-def _walk(folder: Path, exclude: set[str] = frozenset()) -> list[Path]:
-    """Every file under `folder`, sorted, pruning excluded and hidden folders before descending
-    (the interpreter's site-packages can be far larger than the library itself)."""
-    files = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if d not in exclude and not d.startswith("."))
-        files += [Path(dirpath) / f for f in sorted(filenames) if not f.startswith(".")]
-    return files
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,7 +164,7 @@ def _download(url: str, path: Path) -> bytes:
         with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as response:
             data = response.read()
     except Exception as e:  # URLError, timeouts, HTTP errors, resets: all mean "not available now"
-        raise UserError(
+        raise SourceMissing(
             f"data=shakespeare could not download {url} ({type(e).__name__}: {e}); connect to the internet, "
             f"or save the file as {path}, or use data=pystdlib (offline) or data=text 'data.paths=[...]'"
         ) from None
@@ -183,37 +187,10 @@ def _download(url: str, path: Path) -> bytes:
 
 
 def read_text_paths(cfg: DataConfig) -> list[Document]:
-    """Files named in `cfg.paths` (always), plus files under named folders and glob matches whose
-    names end in one of `cfg.extensions` (any file if the list is empty)."""
-    wanted = tuple(cfg.extensions)
-
-    def accepted(p: Path) -> bool:
-        return not wanted or p.name.endswith(wanted)
-
-    files: list[Path] = []
-    for entry in cfg.paths:
-        pattern = os.path.expanduser(entry)
-        if glob.has_magic(pattern):
-            matches = [Path(m) for m in sorted(glob.glob(pattern, recursive=True))]
-            if not matches:
-                raise UserError(f"data.paths glob {entry!r} matched nothing; check the pattern and quoting")
-            for m in matches:
-                files += [f for f in (_walk(m) if m.is_dir() else [m]) if accepted(f)]
-        elif Path(pattern).is_dir():
-            files += [f for f in _walk(Path(pattern)) if accepted(f)]
-        elif Path(pattern).is_file():
-            files.append(Path(pattern))  # named explicitly: taken whatever its extension
-        else:
-            raise UserError(f"data.paths entry {entry!r} does not exist; give a file, folder or glob")
-    files = list(dict.fromkeys(f.resolve() for f in files))  # drop duplicates, keep the first order
-    if not files:
-        ext = "/".join(cfg.extensions) or "any extension"
-        raise UserError(
-            f"data.paths={list(cfg.paths)} contains no files ending in {ext}; "
-            "fix the paths or set data.extensions (e.g. 'data.extensions=[.txt,.py]', [] for all)"
-        )
+    """The files of `cfg.paths` (see `collect_files`), one document each, named relative to the launch
+    folder (`_display_name`)."""
     docs = []
-    for f in files:
+    for f, _ in collect_files(cfg):
         name = _display_name(f)
         try:
             text = f.read_bytes().decode("utf-8", errors=cfg.encoding_errors)

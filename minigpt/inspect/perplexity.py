@@ -121,7 +121,7 @@ def evaluate(cfg: EvaluateConfig) -> tuple[Perplexity, str]:
                 data = DataConfig(**meta["config"]["data"])
             except (KeyError, TypeError):
                 raise UserError("the checkpoint records no training corpus; pass data=<option>") from None
-        docs = getattr(load_corpus(data, Path(data.cache_dir)), cfg.split)
+        docs = list(load_corpus(data, Path(data.cache_dir)).documents(cfg.split))
         texts, what = [d.text for d in docs], f"{data.source} {cfg.split} split ({len(docs)} documents)"
     tokens = document_tokens(texts, tokenizer)
     if cfg.max_tokens is not None:

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.data.loader import BatchLoader, iter_eval_batches
+from minigpt.data.eval_windows import eval_batches, eval_windows
+from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.errors import UserError
@@ -130,10 +131,12 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, tc.max_steps)
         self.scaler = self.runtime.grad_scaler()
-        self.loader = BatchLoader(self.data.train_path, block, tc.batch_size, seed=tc.seed, rank=env.rank,
+        self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
-        val_batches = list(iter_eval_batches(self.data.val_path, block, tc.batch_size, str(device),
-                                             max_batches=tc.eval_batches))
+        val = self.data.split("val")
+        windows = eval_windows(len(val), block, max_tokens=tc.eval_batches * tc.batch_size * block)
+        val_batches = [(b.x, b.y) for b in eval_batches(val, windows, tc.batch_size, device=str(device),
+                                                        token_bytes=self.tokenizer.token_byte_lengths())]
         if not val_batches:
             raise UserError(f"the validation split of {self.data.dir} is shorter than one block of {block} "
                             "tokens (lower model.block_size or use more data)")

@@ -3,6 +3,7 @@
     tok.encode(text) -> list[int]        plain text; "<|endoftext|>" typed in the text stays text
     tok.decode(ids) -> str               the end-of-text id decodes to "<|endoftext|>"
     tok.eot_id, tok.vocab_size, tok.kind, tok.name
+    tok.token_byte_lengths() -> (V,)     UTF-8 bytes of each id's text; 0 for <|endoftext|> (bits per byte)
     tok.save(folder)                     tokenizer.json (+ kind-specific files); load_tokenizer(folder)
 
 Specials are never produced by `encode`: a corpus that happens to contain the marker's spelling
@@ -16,6 +17,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 EOT = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -35,6 +38,14 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def _decode(self, ids: list[int]) -> str: ...
+
+    @abstractmethod
+    def token_byte_lengths(self) -> np.ndarray:
+        """(V,) int64: how many UTF-8 bytes of text each id stands for, so the bytes a sequence of ids
+        decodes to is the sum of their entries. Special tokens such as <|endoftext|> count 0: they are
+        document boundaries, not text of the corpus. Byte-level tokens that hold part of a multi-byte
+        character count the bytes they hold, so a character split over tokens still sums to its length.
+        Bits per byte (a loss every tokenizer can be compared on) divides the nats by ln 2 and this sum."""
 
     @abstractmethod
     def _spec(self, folder: Path) -> dict[str, Any]:

@@ -56,6 +56,10 @@ class CharTokenizer(Tokenizer):
     def _decode(self, ids: list[int]) -> str:
         return "".join(self._itos[i] for i in ids)
 
+    def token_byte_lengths(self) -> np.ndarray:
+        # surrogatepass: a lone surrogate (possible only in a hand-made vocabulary) counts its 3 bytes
+        return np.array([len(c.encode("utf-8", "surrogatepass")) for c in self.chars] + [0], dtype=np.int64)
+
     def _spec(self, folder: Path) -> dict[str, Any]:
         return {"chars": self.chars}
 
@@ -87,6 +91,9 @@ class ByteTokenizer(Tokenizer):
                 run.append(i)
         pieces.append(run.decode("utf-8", errors="replace"))
         return "".join(pieces)
+
+    def token_byte_lengths(self) -> np.ndarray:
+        return np.array([1] * 256 + [0], dtype=np.int64)  # one byte per id, none for <|endoftext|>
 
     def _spec(self, folder: Path) -> dict[str, Any]:
         return {}

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import rustbpe
 import tiktoken
 
@@ -47,6 +48,13 @@ class TiktokenTokenizer(Tokenizer):
             return self.encoding.decode(ids)
         except KeyError as e:  # an id inside the range that names no token (cl100k has a few gaps)
             raise ValueError(f"{self.name} has no token {e}") from None
+
+    def token_byte_lengths(self) -> np.ndarray:
+        """Each rank's byte string's length; specials, and ids that name no token (cl100k has a few), 0."""
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for token, rank in self.encoding._mergeable_ranks.items():
+            lengths[rank] = len(token)
+        return lengths
 
     def _spec(self, folder: Path) -> dict[str, Any]:
         # `_mergeable_ranks`, `_pat_str` and `_special_tokens` are what tiktoken's README tells
