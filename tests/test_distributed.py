@@ -53,15 +53,25 @@ def _dropout_cfg(cfg: TrainConfig) -> TrainConfig:
     return _with(cfg, max_steps=DROP_STEPS, eval_every=DROP_STEPS, ckpt_every=DROP_HALF, grad_accum_steps=1)
 
 
+def _outputs_cfg(cfg: TrainConfig) -> TrainConfig:
+    """The dropout config under FSDP, whose validation is 3 windows in batches of 1: ranks 0 and 1 score
+    2 and 1 of them, and rank 1 runs one uncounted forward to keep FSDP's collectives in step."""
+    drop = _dropout_cfg(cfg)
+    return _with(drop, strategy="fsdp", batch_size=1, eval_tokens=3 * cfg.model.block_size)
+
+
 def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
-    """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode."""
-    model = Trainer(cfg, out, env=env).model
+    """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode,
+    and the validation score (summed over ranks)."""
+    trainer = Trainer(cfg, out, env=env)
+    model = trainer.model
     x = (torch.arange(2 * cfg.model.block_size) % 200).view(2, -1)  # (2, T): the same batch on every rank
     with torch.no_grad():
         outputs = (model.train()(x)[0], model.eval()(x)[0])  # (2, T, V) each
     gathered = gather_object(outputs, env)
+    score = trainer.evaluation.score()
     if env.is_main:
-        torch.save(gathered, out / "outputs.pt")
+        torch.save({"outputs": gathered, "score": dataclasses.asdict(score)}, out / "outputs.pt")
 
 
 def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) -> None:
@@ -82,7 +92,7 @@ def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) 
         train(_with(drop, max_steps=DROP_HALF), root_dir / "drop_resumed", env=env)
         train(_with(drop, resume="auto"), root_dir / "drop_resumed", env=env)
         # FSDP: it shards whatever each rank initialised, without DDP's broadcast of rank 0's weights
-        _forward_outputs(_with(drop, strategy="fsdp"), root_dir / "outputs", env)
+        _forward_outputs(_outputs_cfg(cfg), root_dir / "outputs", env)
 
 
 class TwoRankLoader:
@@ -129,7 +139,7 @@ def runs(tmp_path_factory):
     import torch._dynamo  # noqa: F401
 
     mp.start_processes(_worker, args=(2, _free_port(), str(root), cfg), nprocs=2, start_method="fork")
-    _forward_outputs(_dropout_cfg(cfg), root / "outputs_single", DistEnv())
+    _forward_outputs(_outputs_cfg(cfg), root / "outputs_single", DistEnv())
     return root
 
 
@@ -164,13 +174,20 @@ def test_ddp_resume_is_exact(runs: Path):
 
 
 def test_dropout_masks_differ_between_ranks_after_the_same_initialisation(runs: Path):
-    (train0, eval0), (train1, eval1) = torch.load(runs / "outputs" / "outputs.pt")
-    [(_, eval_single)] = torch.load(runs / "outputs_single" / "outputs.pt")
+    (train0, eval0), (train1, eval1) = torch.load(runs / "outputs" / "outputs.pt")["outputs"]
+    [(_, eval_single)] = torch.load(runs / "outputs_single" / "outputs.pt")["outputs"]
     # FSDP computes with every rank's shard: the same as one process only if every rank initialised alike
     torch.testing.assert_close(eval0, eval_single, atol=1e-6, rtol=1e-6)
     assert torch.equal(eval0, eval1)
     assert not torch.equal(train0, eval0) and not torch.equal(train1, eval1)  # dropout is active
     assert not torch.equal(train0, train1)  # each rank drew its own masks
+
+
+def test_validation_is_split_over_ranks_and_summed(runs: Path):
+    two = torch.load(runs / "outputs" / "outputs.pt")["score"]
+    one = torch.load(runs / "outputs_single" / "outputs.pt")["score"]
+    assert two["tokens"] == one["tokens"] == 3 * 32 and two["bytes"] == one["bytes"] > 0
+    assert two["nats"] == pytest.approx(one["nats"], rel=1e-6)
 
 
 def test_resume_with_dropout_on_two_ranks_is_exact(runs: Path):

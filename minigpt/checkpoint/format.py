@@ -187,13 +187,14 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
         )
 
 
-def load_state(ckpt: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """state.pt, loaded with `weights_only=True` (no arbitrary code runs while unpickling)."""
+def load_state(ckpt: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """state.pt, loaded with `weights_only=True` (no arbitrary code runs while unpickling); `mmap`: the
+    tensors stay in the file until used (a cheap look at the keys)."""
     file = ckpt / STATE
     if not file.is_file():
         raise UserError(f"checkpoint {str(ckpt)!r} has no {STATE}; it cannot be resumed from")
     try:
-        return torch.load(file, map_location=map_location, weights_only=True)
+        return torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "weights only load failed" not in str(e).lower():
             first = str(e).splitlines()[0][:200]

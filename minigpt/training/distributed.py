@@ -126,6 +126,15 @@ def mean_over_ranks(value: float, env: DistEnv) -> float:
     return t.item() / env.world_size
 
 
+def sum_over_ranks(values: list[float], env: DistEnv) -> list[float]:
+    """Each of `values` summed over ranks (float64 on CPU: exact for counts up to 2^53), on every rank."""
+    if not env.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
+
+
 @contextlib.contextmanager
 def main_process_first(env: DistEnv) -> Iterator[None]:
     """Rank 0 runs the block first (e.g. tokenising into the shared cache); the others then reuse its work."""
@@ -248,7 +257,8 @@ def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
         return None
     from minigpt.model.factory import build_model
 
-    whole = build_model(model.config)
+    with torch.random.fork_rng(devices=[]):  # its init draws would shift rank 0's dropout stream
+        whole = build_model(model.config)
     whole.load_state_dict(weights)
     return whole
 

@@ -96,3 +96,8 @@ class ThroughputMeter:
     def run_tokens_per_s(self) -> float:
         """Mean throughput over the closed intervals of the whole run."""
         return self.total_steps * self.tokens_per_step / max(self.total_time, 1e-9)
+
+    @property
+    def run_mfu(self) -> float:
+        """MFU per device over the closed intervals of the whole run."""
+        return self.mfu(self.run_tokens_per_s)

@@ -4,6 +4,7 @@
     null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite)
     auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
     <path>        a checkpoint folder or run folder, continued in this (new) run folder
+                  (a checkpoint without optimizer state, like an imported one, is for trainer.init_from)
 
 Resuming restores everything a step depends on (weights, optimizer, schedule, loss scaler, every rank's own
 RNG state, the data stream's position), so 10 steps + resume + 10 steps equals 20 straight steps, with
@@ -39,7 +40,12 @@ def resume_source(cfg: TrainConfig, out_dir: Path) -> Path | None:
             return resolve_checkpoint(out_dir)
         return None
     if resume is not None:
-        return resolve_checkpoint(resume)
+        path = resolve_checkpoint(resume)
+        # memory-mapped: only the keys are read here, the tensors when the run loads them
+        if "optimizer" not in ckpt.load_state(path, mmap=True):  # e.g. scripts/import_gpt2.py's checkpoints
+            raise UserError(f"checkpoint {path} holds no optimizer state, so there is no run to resume; "
+                            f"fine-tune from it instead: trainer.init_from={path} (and no trainer.resume)")
+        return path
     if (folder / "last").exists() or (folder / ".last.old").exists():
         raise UserError(
             f"{out_dir} already holds a checkpoint; continue it with trainer.resume=auto, "
@@ -77,6 +83,7 @@ class Progress:
     first_val_loss: float = math.inf
     val_loss: float = math.inf  # of the latest evaluation
     best_val_loss: float = math.inf
+    val_bpb: float = math.nan  # bits per byte, of the latest evaluation
 
 
 def training_state(progress: Progress, optimizer_state: dict, scheduler, scaler, loader,
@@ -106,12 +113,16 @@ def restore(state: dict[str, Any], model, optimizer, scheduler, scaler, loader, 
                     first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
 
 
-def checkpoint_meta(progress: Progress, cfg: TrainConfig, model, tokenizer, data, env: DistEnv) -> dict:
-    """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra)."""
+def checkpoint_meta(progress: Progress, cfg: TrainConfig, model, tokenizer, data, env: DistEnv,
+                    evaluation: dict) -> dict:
+    """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra),
+    and the latest validation numbers with what they were measured on (`evaluation`: windows, targets)."""
     p = progress
     return {
         "step": p.step, "tokens_seen": p.tokens_seen,
         "val_loss": finite_or_none(p.val_loss), "best_val_loss": finite_or_none(p.best_val_loss),
+        "val_ppl": finite_or_none(math.exp(min(p.val_loss, 700.0))), "val_bpb": finite_or_none(p.val_bpb),
+        "eval": {**evaluation, "eval_tokens": cfg.trainer.eval_tokens},
         "model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
         "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "folder": ckpt.TOKENIZER},
         "data": {"dir": str(data.dir), "fingerprint": data.meta.get("fingerprint"),

@@ -1,7 +1,8 @@
 """TensorBoard logging: fixed, `/`-namespaced metric names; the x-axis is always the optimizer step.
 
-Scalars: train/loss, val/loss, val/ppl, optim/lr, optim/grad_norm, throughput/tokens_per_s, throughput/mfu,
-throughput/step_s, mem/peak_gib, progress/tokens. Text: `config` (the resolved config as YAML) and `sample`
+Scalars: train/loss, val/loss, val/ppl, val/bpb (bits per byte), optim/lr, optim/grad_norm,
+throughput/tokens_per_s (all ranks), throughput/mfu (per device), throughput/step_s, mem/peak_gib,
+progress/tokens. Text: `config` (the resolved config as YAML) and `sample`
 (generated text at each evaluation). The final metrics go into the hparams table *in the run's own folder*
 (`run_name="."`), so TensorBoard lists one run per run rather than an extra timestamped sub-run.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 SCALAR_TAGS = (
-    "train/loss", "val/loss", "val/ppl", "optim/lr", "optim/grad_norm", "throughput/tokens_per_s",
+    "train/loss", "val/loss", "val/ppl", "val/bpb", "optim/lr", "optim/grad_norm", "throughput/tokens_per_s",
     "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
 )
 TEXT_TAGS = ("config", "sample")

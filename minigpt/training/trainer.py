@@ -28,16 +28,15 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.data.eval_windows import eval_batches, eval_windows
 from minigpt.data.loader import BatchLoader
-from minigpt.data.prepare import prepare_dataset
+from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
-from minigpt.errors import UserError
 from minigpt.model.factory import build_model
 from minigpt.training import distributed, resume
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
+from minigpt.training.finetune import InitFrom
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import build_optimizer, build_scheduler
 from minigpt.training.signals import GracefulStop
@@ -61,6 +60,8 @@ class TrainResult:
     checkpoint: Path
     interrupted: bool = False  # stopped early by SIGINT/SIGTERM, after writing `checkpoint`
     skipped_steps: int = 0  # updates skipped for a non-finite loss (trainer.on_nonfinite=skip)
+    val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
+    mfu: float = math.nan  # model FLOPs utilisation per device over the run
 
 
 def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None) -> TrainResult:
@@ -100,23 +101,30 @@ class Trainer:
     """Holds the run's state, all of it built in `__init__` (and resumed, if asked); `fit()` runs the loop."""
 
     def __init__(self, cfg: TrainConfig, out_dir: Path, *, env: DistEnv) -> None:
-        self.cfg, self.out_dir, self.env = cfg, out_dir, env
         self.is_main = env.is_main
         tc = cfg.trainer
         resume_from = resume.resume_source(cfg, out_dir)  # before any work: a bad path fails at once
         if tc.resume == "auto" and resume_from is None:
             log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", out_dir)
+        init = InitFrom.open(tc.init_from) if tc.init_from is not None else None  # fine-tuning's source
+        if init is not None:  # its model config, with the keys a fine-tuning run may change
+            cfg = dataclasses.replace(cfg, model=init.model_config(cfg.model))
+        self.cfg, self.out_dir, self.env = cfg, out_dir, env
         self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
         seed_everything(tc.seed)
 
+        tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it
-            self.data = prepare_dataset(cfg.data, cfg.tokenizer, Path(cfg.data.cache_dir),
+            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir),
                                         progress=self.is_main and cfg.logging.progress_bar)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
-        self.model = build_model(cfg.model, vocab_size=vocab).to(device)
+        self.model = build_model(cfg.model, vocab_size=vocab)
+        if init is not None and resume_from is None:
+            init.load_weights(self.model)
+        self.model.to(device)
         seed_rank_stream(tc.seed, env.rank)
         state = resume.load_for_resume(resume_from, self.model, cfg, env) if resume_from is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
@@ -133,15 +141,8 @@ class Trainer:
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
-        val = self.data.split("val")
-        windows = eval_windows(len(val), block, max_tokens=tc.eval_batches * tc.batch_size * block)
-        val_batches = [(b.x, b.y) for b in eval_batches(val, windows, tc.batch_size, device=str(device),
-                                                        token_bytes=self.tokenizer.token_byte_lengths())]
-        if not val_batches:
-            raise UserError(f"the validation split of {self.data.dir} is shorter than one block of {block} "
-                            "tokens (lower model.block_size or use more data)")
-        self.evaluation = Evaluation(self.model, val_batches, self.runtime, env, self.tokenizer, cfg.logging,
-                                     tc.seed)
+        self.evaluation = Evaluation(self.model, self.data.split("val"), block, tc.eval_budget,
+                                     tc.batch_size, self.runtime, env, self.tokenizer, cfg.logging, tc.seed)
         self.progress = resume.Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
@@ -193,17 +194,19 @@ class Trainer:
             tokens_per_s = self.meter.run_tokens_per_s
             if not interrupted:
                 sample = self.evaluation.sample()
-                final = {"val_loss": p.val_loss, "best_val_loss": p.best_val_loss,
-                         "tokens_per_s": tokens_per_s}
+                final = {"val_loss": p.val_loss, "best_val_loss": p.best_val_loss, "val_bpb": p.val_bpb,
+                         "tokens_per_s": tokens_per_s, "mfu": self.meter.run_mfu}
                 self.tb.final(dataclasses.asdict(self.cfg), final)
         if interrupted and self.is_main:
             log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
                         self.last_saved)
         elif not interrupted:
-            log.info("done: step %d, val loss %.4f (best %.4f, first %.4f), %s tok/s", p.step, p.val_loss,
-                     p.best_val_loss, p.first_val_loss, f"{tokens_per_s:,.0f}")
+            log.info("done: step %d, val loss %.4f (best %.4f, first %.4f), %.4f bits/byte, %s tok/s, "
+                     "MFU %.1f%% per device", p.step, p.val_loss, p.best_val_loss, p.first_val_loss,
+                     p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
-                           sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped)
+                           sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
+                           p.val_bpb, self.meter.run_mfu)
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
@@ -238,18 +241,20 @@ class Trainer:
                   norm_v, interval.tokens_per_s)
 
     def _evaluate(self) -> None:
-        """Validation loss (the same on every rank, so is the `best` decision), a sample, its reports."""
+        """Validation (the same on every rank, so is the `best` decision), a sample, their reports."""
         p = self.progress
         with self.meter.paused():
-            p.val_loss = self.evaluation.val_loss()
+            score = self.evaluation.score()
+            p.val_loss, p.val_bpb = score.loss, score.bpb
             if p.step == 0 or not math.isfinite(p.first_val_loss):
                 p.first_val_loss = p.val_loss
-            self.tb.scalars({"val/loss": p.val_loss, "val/ppl": math.exp(min(p.val_loss, 80.0)),
+            self.tb.scalars({"val/loss": p.val_loss, "val/ppl": score.perplexity, "val/bpb": p.val_bpb,
                              "progress/tokens": p.tokens_seen}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
-            log.info("step %d/%d: val loss %.4f (ppl %.1f)%s", p.step, self.cfg.trainer.max_steps, p.val_loss,
-                     math.exp(min(p.val_loss, 80.0)), " best" if improved and p.step > 0 else "")
+            log.info("step %d/%d: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step,
+                     self.cfg.trainer.max_steps, p.val_loss, score.perplexity, p.val_bpb,
+                     " best" if improved and p.step > 0 else "")
             if improved and p.step > 0:
                 self._save("best")
             if p.step > 0:
@@ -274,7 +279,8 @@ class Trainer:
             p = self.progress
             state = resume.training_state(p, optimizer_state, self.scheduler, self.scaler, self.loader,
                                           rng_states)
-            meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
+            meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env,
+                                          self.evaluation.describe())
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
             if name == "last":
