@@ -1,29 +1,57 @@
-"""How `scripts/train.py` runs as one process or as a rank of `torchrun --nproc_per_node=N`.
+"""How `scripts/train.py` runs as one process or as one rank of many (torchrun, srun, a submitit job).
 
-Only rank 0 goes through Hydra: it composes the config, chooses (and creates) the run folder, then hands the
-job (config, run folder) to the other ranks with one broadcast. They train that very config in that folder
-without composing anything or creating folders or log files of their own. If rank 0 stops before training
-(a bad override, `--cfg job`, `--help`), it broadcasts "nothing to do" instead, and the others exit cleanly.
+Only global rank 0 trains through Hydra's job: it composes the config, chooses (and creates) the run folder,
+then hands the job (config, run folder) to the other ranks with one broadcast. They train that very config in
+that folder without creating folders or writing logs of their own. If rank 0 stops before training (a bad
+override, `--cfg job`, `--help`), it broadcasts "nothing to do" instead, and the others exit cleanly.
 
-    rank 0                                  ranks > 0
+    rank 0                                  ranks > 0 (on this machine or another)
     Hydra composes, makes the run folder    wait in broadcast_object
     share((config, run folder))  ------->   train(config, run folder)
+    every rank: is the run folder visible here?  (no: one line on each such rank, and all of them stop)
     train(config, run folder)               (errors: "[rank r] <message>", exit 2)
+
+Who starts the processes decides where the protocol begins:
+- torchrun and srun start N copies of `scripts/train.py`, whose `__main__` calls `Launch.run(hydra_main)`:
+  only rank 0 gets as far as Hydra.
+- Hydra's submitit launcher (hydra/launcher=slurm, local) unpickles the task function in every task of every
+  job, after Hydra has composed that job's config in each task. `rank0_task` around the task function starts
+  `Launch.run` there: task 0 goes on into the task function, the others follow it as above and drop the log
+  file Hydra opened for them. A user error ends such a job as a failed result (`JobFailed`), its one line in
+  the job's own log, so the launcher waits for the other jobs and then reports it in one line.
+
+The run folder must be on a filesystem every node sees (on a cluster: the home or project filesystem),
+because the other ranks read its checkpoint to resume; the check after the broadcast stops a run where it is
+not, which would otherwise resume rank 0 and start the others from scratch.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import shlex
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError, exit_with_error
+from minigpt.errors import USER_ERROR_EXIT_CODE, UserError, exit_with_error, unwritable_path_message
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
+from minigpt.training.dist_env import DistEnv, rendezvous_defaults
 
 Job = tuple[TrainConfig, Path]
+R = TypeVar("R")
+log = logging.getLogger(__name__)
+
+
+class JobFailed(Exception):
+    """A launcher's job (one setting of a sweep, in processes of its own) that ended with a user error.
+
+    Not a UserError on purpose: Hydra keeps it as the job's result and raises it in the launching process only
+    after every job is done; `Launch.run` there prints it as the sweep's one line.
+    """
 
 
 class Launch:
@@ -35,64 +63,173 @@ class Launch:
 
     @classmethod
     def from_environ(cls) -> Launch:
-        """From torchrun's RANK/LOCAL_RANK/WORLD_SIZE; a bad environment ends the process with one line."""
+        """From the launcher's variables (torchrun, srun, submitit); a bad environment ends with one line.
+
+        srun and submitit name no rendezvous address: the derived MASTER_ADDR/PORT are exported for torch.
+        """
         try:
-            return cls(DistEnv.from_env())
+            env = DistEnv.from_env()
         except UserError as e:
             exit_with_error(str(e))
+        if env.enabled:
+            os.environ.update(rendezvous_defaults())
+        return cls(env)
 
-    def run(self, rank0_main: Callable[[], None], argv: Sequence[str]) -> None:
-        """Rank 0 runs `rank0_main` (the Hydra entry point); under torchrun the others follow it.
-
-        torch is imported only where a process group is needed, so `--help` and `--cfg job` stay quick.
-        """
+    def run(self, rank0_main: Callable[[], R], argv: Sequence[str] = ()) -> R | None:
+        """Rank 0 runs `rank0_main` (Hydra's entry point, or its task function) and returns its result; the
+        others follow it. torch is imported only where a process group is needed: `--help` stays quick."""
         if self.env.enabled and {"-m", "--multirun"} & set(argv):  # every rank sees the same argv
             if not self.env.is_main:
                 sys.exit(USER_ERROR_EXIT_CODE)  # rank 0 says why
-            exit_with_error("a Hydra multirun (-m) cannot run under torchrun; start one torchrun per setting")
+            exit_with_error(f"a Hydra multirun (-m) cannot run under {self.env.launcher}; start the sweep "
+                            "with plain `python scripts/train.py -m ...` (hydra/launcher=slurm gives each "
+                            "job processes of its own), or one torchrun per setting")
+        _RUNNING.append(self)
         try:
             if not self.env.enabled:
-                rank0_main()
-                return
+                return rank0_main()
             from minigpt.training.distributed import process_group
 
+            if not self.env.is_main:
+                _leave_the_logs_to_rank0()
             with process_group(self.env):
-                if self.env.is_main:
-                    try:
-                        rank0_main()
-                    finally:
-                        self.share(None)  # if rank 0 stopped before training, release the waiting ranks
-                else:
+                if not self.env.is_main:
                     self._follow_rank0()
+                    return None
+                try:
+                    return rank0_main()
+                finally:
+                    self.share(None)  # if rank 0 stopped before training, release the waiting ranks
         except KeyboardInterrupt:  # Ctrl-C before the training loop began (it handles its own)
             print("interrupted before training started; nothing was written to checkpoints", file=sys.stderr)
             sys.exit(130)
+        except JobFailed as e:  # this process launched a sweep, and a job of it failed
+            exit_with_error(f"a sweep job failed: {e}; the other jobs ran to their end")
+        finally:
+            _RUNNING.remove(self)
 
     def share(self, job: Job | None) -> None:
         """Rank 0: hand the config and the run folder (or None: nothing to train) to the other ranks, once."""
-        if not self._shared and self.env.enabled:
-            from minigpt.training.distributed import broadcast_object
+        if self._shared or not self.env.enabled:
+            return
+        from minigpt.training.distributed import broadcast_object
 
-            self._shared = True
-            broadcast_object(job, self.env)
+        self._shared = True
+        broadcast_object(job, self.env)
+        if job is not None and not self._folder_visible_everywhere(job[1]):
+            raise UserError(f"the run folder {job[1]} is not visible on every node: put hydra.run.dir (or "
+                            "hydra.sweep.dir) and data.cache_dir on a filesystem that all nodes share")
 
     def _follow_rank0(self) -> None:
         from minigpt.training.distributed import broadcast_object
         from minigpt.training.trainer import train
 
-        logging.getLogger().setLevel(logging.ERROR)  # rank 0 reports; the others only speak up when they fail
         job = broadcast_object(None, self.env)
         if job is None:
             return
+        if not self._folder_visible_everywhere(job[1]):
+            sys.exit(USER_ERROR_EXIT_CODE)  # this rank, and rank 0, have said why
         try:
             train(job[0], job[1], env=self.env)
         except UserError as e:
             exit_with_error(f"[rank {self.env.rank}] {e}")
 
-    def resume_command(self, out_dir: Path, argv: Sequence[str]) -> str:
+    def _folder_visible_everywhere(self, out_dir: Path) -> bool:
+        """Every rank looks for rank 0's freshly made run folder; all learn whether each one found it."""
+        from minigpt.training.distributed import any_rank
+
+        visible = folder_visible(out_dir)
+        if not visible:
+            print(f"error: [rank {self.env.rank}] the run folder {out_dir} made by rank 0 does not exist on "
+                  f"{socket.gethostname()}", file=sys.stderr)
+        return not any_rank(not visible, self.env)
+
+    def resume_command(self, out_dir: Path, overrides: Sequence[str]) -> str:
         """The command that continues this run: the same launcher and overrides, plus resume=auto."""
-        launcher = (f"torchrun --nproc_per_node={self.env.world_size} scripts/train.py" if self.env.enabled
-                    else "python scripts/train.py")
-        kept = [a for a in argv if not a.startswith(("trainer.resume=", "hydra.run.dir="))]
+        kept = [a for a in overrides if not a.startswith(("trainer.resume=", "hydra.run.dir="))]
         args = [*kept, "trainer.resume=auto", f"hydra.run.dir={out_dir}"]
-        return " ".join([launcher, *map(shlex.quote, args)])
+        return " ".join([launcher_command(self.env), *map(shlex.quote, args)])
+
+
+def _leave_the_logs_to_rank0() -> None:
+    """Ranks > 0 log only their errors, and never into the run's log file.
+
+    Under torchrun no logging is set up on them. In a submitit job Hydra's job ran in every task and opened
+    the run's log file in each: close it here, before anything is logged.
+    """
+    root = logging.getLogger()
+    root.setLevel(logging.ERROR)
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
+_RUNNING: list[Launch] = []  # the Launch whose `run` is under way in this process (at most one)
+
+
+def this_process() -> Launch:
+    """The Launch running this process: the one whose `run` called the code asking (else a fresh one).
+
+    Rank 0's task function (`scripts/train.py`'s main) must share through the very Launch that joined the
+    process group around it. It asks for it rather than naming a global of the script: the submitit launcher
+    pickles that function, with the globals it names, into jobs that run in other processes.
+    """
+    return _RUNNING[-1] if _RUNNING else Launch.from_environ()
+
+
+class rank0_task:  # noqa: N801 - used as a decorator, named like one
+    """Make a Hydra task function train as one run in every process a launcher runs it in (put it under
+    `@reports_user_errors`).
+
+    Called from this process's own `Launch.run` (torchrun, srun, plain python), the task just runs. Called by
+    a Hydra launcher in a job of its own (submitit: every task of the job gets here), the job's `Launch.run`
+    starts here: task 0 runs the task, the others train along; a user error becomes `JobFailed`.
+
+    A class, not a closure: submitit pickles the task function into the job, and a closure would travel with
+    copies of this module's globals (the launching process's `_RUNNING`); an instance travels by reference.
+    """
+
+    def __init__(self, task: Callable[[Any], Any]) -> None:
+        self.task = task
+        functools.update_wrapper(self, task)
+
+    def __call__(self, cfg: Any) -> Any:
+        if _RUNNING:
+            return self.task(cfg)
+        try:
+            return Launch.from_environ().run(lambda: self.task(cfg))
+        except (UserError, OSError) as e:
+            message = unwritable_path_message(e) if isinstance(e, OSError) else str(e)
+            print(f"error: {message}", file=sys.stderr)  # the one line in this job's own log
+            log.error("%s", message)  # and in the job folder's log file (the console's copy goes to stdout)
+            raise JobFailed(f"{message} (its log: {_job_log() or 'stderr of the job'})") from None
+
+
+def _job_log() -> str | None:
+    """This task's stderr log under submitit (<folder>/<job id>_<task>_log.err), if submitit started it."""
+    if "SUBMITIT_FOLDER" not in os.environ:
+        return None
+    try:
+        import submitit
+
+        return str(submitit.JobEnvironment().paths.stderr)
+    except (ImportError, RuntimeError, KeyError):
+        return None
+
+
+def folder_visible(path: Path) -> bool:
+    """Whether this process sees `path` as a folder (one place to fake a filesystem nodes do not share)."""
+    return path.is_dir()
+
+
+def launcher_command(env: DistEnv) -> str:
+    """How to start scripts/train.py again with the same processes."""
+    if env.launcher == "slurm":
+        return f"srun --nodes={env.nodes} --ntasks={env.world_size} python scripts/train.py"
+    if not env.enabled:
+        return "python scripts/train.py"
+    if env.nodes > 1:
+        return (f"torchrun --nnodes={env.nodes} --nproc_per_node={env.world_size // env.nodes} "
+                f"--node_rank=<this node> --master_addr={os.environ.get('MASTER_ADDR', '<node 0>')} "
+                f"--master_port={os.environ.get('MASTER_PORT', '<port>')} scripts/train.py")
+    return f"torchrun --nproc_per_node={env.world_size} scripts/train.py"
