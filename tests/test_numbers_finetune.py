@@ -5,6 +5,7 @@ may not change."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,10 @@ def test_fine_tune_a_minigpt_run_as_a_new_run(make_train_cfg, tmp_path: Path):
     assert state["scheduler"]["last_epoch"] == 4  # a fresh schedule, not the source's
     with pytest.raises(UserError, match="trainer.init_from and trainer.resume"):
         make_train_cfg(f"trainer.init_from={source}", f"trainer.resume={source}")
+    shutil.rmtree(source)  # a stopped fine-tuning run resumes from its own checkpoint, without the source
+    resumed = train(make_train_cfg(f"trainer.init_from={source}", "trainer.max_steps=6", "model.dropout=0.1",
+                                   "trainer.resume=auto"), tmp_path / "tuned")
+    assert resumed.step == 6
 
 
 def test_which_model_keys_a_fine_tuning_run_may_change(tmp_path: Path):

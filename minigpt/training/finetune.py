@@ -35,6 +35,7 @@ from minigpt.interop.hf_gpt2 import config_from_hf, load_hf_gpt2
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
+from minigpt.training.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +121,15 @@ class InitFrom:
             model.load_state_dict(weights, strict=True)
         log.info("fine-tuning from %s: step 0, fresh optimizer and schedule (block_size %d of %d)", self.path,
                  model.config.block_size, self.config.block_size)
+
+
+def fine_tuning(cfg: TrainConfig, resume_from: Path | None) -> tuple[TrainConfig, InitFrom | None]:
+    """The run's config with the source's model config, and the source; (cfg, None) without init_from.
+
+    A fine-tuning run that is resumed (trainer.resume=auto) reads the config and tokenizer from its own
+    checkpoint, so it continues even when the source has moved; its weights come from the checkpoint too.
+    """
+    if cfg.trainer.init_from is None:
+        return cfg, None
+    init = InitFrom.open(str(resume_from or cfg.trainer.init_from))
+    return dataclasses.replace(cfg, model=init.model_config(cfg.model)), init

@@ -36,7 +36,7 @@ from minigpt.training import distributed, resume
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
-from minigpt.training.finetune import InitFrom
+from minigpt.training.finetune import fine_tuning
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import build_optimizer, build_scheduler
 from minigpt.training.signals import GracefulStop
@@ -106,9 +106,7 @@ class Trainer:
         resume_from = resume.resume_source(cfg, out_dir)  # before any work: a bad path fails at once
         if tc.resume == "auto" and resume_from is None:
             log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", out_dir)
-        init = InitFrom.open(tc.init_from) if tc.init_from is not None else None  # fine-tuning's source
-        if init is not None:  # its model config, with the keys a fine-tuning run may change
-            cfg = dataclasses.replace(cfg, model=init.model_config(cfg.model))
+        cfg, init = fine_tuning(cfg, resume_from)  # trainer.init_from: the source's model config
         self.cfg, self.out_dir, self.env = cfg, out_dir, env
         self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
