@@ -2,11 +2,13 @@
 PY      := .venv/bin/python
 ARGS    ?=
 NPROC   ?= 2
+HOST    ?= localhost# where `make tensorboard` listens; HOST=0.0.0.0 serves every network the machine is on
+PORT    ?= 6006
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -40,11 +42,14 @@ train-ddp: install ## train with DDP on NPROC processes (gloo on CPU, nccl on CU
 generate: install ## sample from the latest training run
 	$(PY) scripts/generate.py $(ARGS)
 
-tensorboard: install ## serve TensorBoard over outputs/
-	.venv/bin/tensorboard --logdir outputs --bind_all
+tensorboard: install ## serve TensorBoard over outputs/ on localhost (HOST=0.0.0.0 to expose it, PORT=6006)
+	.venv/bin/tensorboard --logdir outputs --host $(HOST) --port $(PORT)
 
 bench: install ## measure training and generation speed against the reference
 	$(PY) scripts/bench.py $(ARGS)
+
+speedrun: install ## the CPU speedrun: train candidate configs for a fixed time each, tabulate them in README
+	$(PY) scripts/speedrun.py $(ARGS)
 
 docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
 	$(PY) scripts/update_docs.py

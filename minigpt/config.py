@@ -11,11 +11,14 @@ Scripts call `to_object(cfg, Schema)` once at start-up; library code only ever s
 from __future__ import annotations
 
 import os
+import re
+import shlex
 from collections.abc import Callable
 from typing import TypeVar
 
 from hydra.core.config_store import ConfigStore
-from hydra.errors import HydraException
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -70,6 +73,10 @@ def run_cli(main: Callable[[], object]) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
+    except OverrideParseException as e:  # before HydraException, its base: the grammar wants quotes
+        if full_report:
+            raise
+        exit_with_error(unparsable_override_message(e.override, e.message))
     except (HydraException, OmegaConfBaseException) as e:
         if full_report:
             raise
@@ -80,6 +87,38 @@ def run_cli(main: Callable[[], object]) -> None:
         if full_report:
             raise
         exit_with_error(unwritable_path_message(e))
+
+
+def unparsable_override_message(override: str, message: str) -> str:
+    """One line for an override Hydra's grammar refuses (`prompt=def main(`): why, and the same override
+    quoted so that it parses, ready to paste into a shell.
+
+    Hydra reads `( ) [ ] { } , : = '` and spaces in a value as syntax (lists, sweeps, function calls); inside
+    quotes they are plain text. The shell removes one level of quotes, so the Hydra quotes go inside the
+    shell's: `"prompt='def main('"`.
+    """
+    details = [line.strip() for line in message.splitlines()[1:]]
+    details = [d for d in details if d and not d.startswith("See ") and set(d) != {"^"}]
+    reason = f" ({details[0]})" if details else ""
+    key, sep, value = override.partition("=")
+    if not sep:
+        return f"cannot parse the override {override!r}{reason}: write key=value"
+    quoted = f"{key}='" + value.replace("'", "\\'") + "'"  # Hydra: \' is a quote inside a quoted value
+    # In the shell's double quotes only \ " $ ` are special (and ! in an interactive bash: quote it apart)
+    shell = shlex.quote(quoted) if "!" in quoted else '"' + re.sub(r'([\\"$`])', r"\\\1", quoted) + '"'
+    return (f"cannot parse the override {override!r}{reason}: quote a value that holds spaces or symbols "
+            f"such as ( ) [ ] , : = (quotes for Hydra inside the shell's), e.g. {shell}")
+
+
+def hydra_output_files(cfg: DictConfig) -> dict[str, str]:
+    """The `.hydra/` files Hydra's own job would write (config, hydra, overrides.yaml), as text.
+
+    For a script whose YAML sets `hydra.output_subdir: null` so that it writes them itself, later: training
+    writes them once the run has passed its checks, so a refused command leaves a run folder untouched.
+    """
+    hydra_cfg = HydraConfig.instance().cfg  # {"hydra": ...}, exactly what Hydra's run_job saves
+    return {".hydra/config.yaml": OmegaConf.to_yaml(cfg), ".hydra/hydra.yaml": OmegaConf.to_yaml(hydra_cfg),
+            ".hydra/overrides.yaml": OmegaConf.to_yaml(HydraConfig.get().overrides.task)}
 
 
 def _first_line(e: BaseException) -> str:

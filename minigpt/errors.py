@@ -7,7 +7,9 @@ anything else is a bug and may raise normally.
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn, TypeVar
@@ -16,7 +18,8 @@ USER_ERROR_EXIT_CODE = 2
 
 
 class UserError(Exception):
-    """Bad user input. The message names the problem and the fix, on one line."""
+    """Bad user input, or a fault of the machine the user can fix (a full disk, a folder in use). The message
+    names the problem and the fix, on one line."""
 
 
 def exit_with_error(message: str) -> NoReturn:
@@ -29,9 +32,17 @@ F = TypeVar("F", bound=Callable[..., object])
 
 
 def unwritable_path_message(e: OSError) -> str:
-    """One line for a folder or file that cannot be created or written (read-only disk, a file in the way)."""
-    return (f"cannot write {e.filename or ''}: {e.strerror or e} "
-            "(choose a writable folder: hydra.run.dir=... or data.cache_dir=...)")
+    """One line for a folder or file that cannot be created or written: the path, the cause, its fix."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        fix = "free some space there, or write elsewhere: hydra.run.dir=... or data.cache_dir=..."
+    elif e.errno == errno.EFBIG:
+        fix = "over a file size limit: raise `ulimit -f`, or write elsewhere: hydra.run.dir=..."
+    elif e.errno == errno.ENOENT:
+        fix = "was a folder deleted or moved while the command ran?"
+    else:  # read-only disk, no permission, a file in the way
+        fix = "choose a writable folder: hydra.run.dir=... or data.cache_dir=..."
+    path = "" if e.filename is None else os.fsdecode(e.filename)  # some libraries give bytes
+    return f"cannot write {path}: {e.strerror or e} ({fix})"
 
 
 def reports_user_errors(main: F) -> F:

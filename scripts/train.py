@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from minigpt.config import register_configs, run_cli, to_object
+from minigpt.config import hydra_output_files, register_configs, run_cli, to_object
 from minigpt.errors import exit_with_error, reports_user_errors
 from minigpt.training.config import TrainConfig
 from minigpt.training.launch import Launch, rank0_task, this_process
@@ -41,7 +41,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, TrainConfig)
     launch.share((config, out_dir))
-    result = train(config, out_dir, env=launch.env)
+    result = train(config, out_dir, env=launch.env, record_files=hydra_output_files(cfg))  # see train.yaml
     if result.interrupted:
         print(f"stopped at step {result.step}; checkpoint: {result.checkpoint}")
         overrides = list(HydraConfig.get().overrides.task)  # this job's own, also in a sweep

@@ -7,6 +7,7 @@ handling, the exit code) without paying a fresh interpreter's torch import (seve
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import runpy
 import sys
@@ -28,13 +29,21 @@ class ScriptRun:
         return [line for line in self.err.splitlines() if line.strip()]
 
 
-def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str]) -> ScriptRun:
-    """Run scripts/<name>.py with `args`; returns its exit code (0 when it returned) and captured output."""
+def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str] | None) -> ScriptRun:
+    """Run scripts/<name>.py with `args`; returns its exit code (0 when it returned) and captured output
+    (none without `capsys`).
+
+    Like the end of a process, the end of the run closes the log handlers the script's Hydra job attached
+    (its train.log), so later tests in this process cannot write into that run folder.
+    """
     path = ROOT / "scripts" / f"{name}.py"
     saved_argv, saved_env = sys.argv, dict(os.environ)
+    root = logging.getLogger()
+    saved_handlers, saved_level = list(root.handlers), root.level
     os.environ.pop("HYDRA_FULL_ERROR", None)  # the scripts set it for themselves; start each run clean
     sys.argv = [str(path), *args]
-    capsys.readouterr()
+    if capsys is not None:
+        capsys.readouterr()
     code = 0
     try:
         runpy.run_path(str(path), run_name="__main__")
@@ -44,6 +53,12 @@ def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str]) -
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
+        for handler in set(root.handlers) - set(saved_handlers):
+            handler.close()
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    if capsys is None:
+        return ScriptRun(code, "", "")
     captured = capsys.readouterr()
     return ScriptRun(code, captured.out, captured.err)
 

@@ -1,9 +1,17 @@
-"""Shared fixtures: the real Hydra configs composed with the fast debug preset, and a tiny text corpus."""
+"""Shared fixtures: the real Hydra configs composed with the fast debug preset, and a tiny text corpus.
+
+Order independence: pytest-randomly runs the tests in a random order (the seed is printed at the end; replay
+an order with `pytest -p randomly --randomly-seed=<seed>`, or turn it off with `-p no:randomly`), and
+`seed_every_test` starts every test from the same RNG state whatever ran before it, so a test's numbers do
+not depend on the order or on that seed.
+"""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -17,6 +25,30 @@ CONFIG_DIR = ROOT / "configs"
 
 # Two CPU cores are shared by the whole suite: one intra-op thread per test process keeps runs predictable.
 torch.set_num_threads(1)
+
+TEST_SEED = 0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-randomly would reseed `random` and numpy from its order seed before each test body; the seed
+    # of the numbers is `seed_every_test`'s alone, so one order seed replays one order and nothing else.
+    if hasattr(config.option, "randomly_reset_seed"):
+        config.option.randomly_reset_seed = False
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seed = getattr(config.option, "randomly_seed", None)
+    if isinstance(seed, int):  # under `-q` pytest-randomly's own header line is not shown
+        terminalreporter.write_line(f"test order: --randomly-seed={seed} "
+                                    f"(replay it with: pytest -p randomly --randomly-seed={seed})")
+
+
+@pytest.fixture(autouse=True)
+def seed_every_test() -> None:
+    """Every test starts from seed 0 in torch, numpy and `random`, whichever tests ran before it."""
+    random.seed(TEST_SEED)
+    np.random.seed(TEST_SEED)
+    torch.manual_seed(TEST_SEED)
 
 
 def compose_train(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minigpt.bench import timing
 from minigpt.bench.sections import select_sections
 from minigpt.bench.suite import train_contenders
 from minigpt.bench.timing import Timing, interleave, peak_memory_bytes
@@ -19,12 +20,22 @@ def test_timing_summary_is_median_min_max() -> None:
         Timing.from_samples([])
 
 
-def test_interleave_alternates_contenders_after_warmup() -> None:
-    calls: list[str] = []
-    result = interleave({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, repeats=3, warmup=2)
+def test_interleave_alternates_contenders_after_warmup(monkeypatch) -> None:
+    """A fake clock that only the contenders advance: each timing is exactly its own calls' durations."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    durations = {"a": iter([50.0, 60.0, 1.0, 2.0, 3.0]), "b": iter([70.0, 80.0, 10.0, 40.0, 20.0])}
+
+    def contender(name: str):
+        def call() -> None:
+            calls.append(name)
+            clock[0] += next(durations[name])  # the first two calls are warm-up: never counted
+        return call
+
+    result = interleave({"a": contender("a"), "b": contender("b")}, repeats=3, warmup=2)
     assert calls == ["a", "b"] * 5  # 2 warm-up rounds + 3 timed rounds, A B A B ...
-    assert result["a"].repeats == result["b"].repeats == 3
-    assert 0.0 <= result["a"].min <= result["a"].median <= result["a"].max
+    assert (result["a"].median, result["a"].min, result["a"].max, result["a"].repeats) == (2.0, 1.0, 3.0, 3)
+    assert (result["b"].median, result["b"].min, result["b"].max) == (20.0, 10.0, 40.0)
 
 
 def test_peak_memory_sees_a_large_temporary() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import random
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -46,19 +47,28 @@ def _docs(n: int) -> list[Document]:
     return [Document(f"dir{i % 3}/file{i}.py", f"text {i}\n") for i in range(n)]
 
 
-def test_split_by_file_follows_an_independent_hash() -> None:
-    docs = _docs(400)
+def test_split_by_file_depends_on_each_name_alone() -> None:
+    """A file's side is a function of its name: not of the order, the contents or the other files; it is
+    spread evenly (not by directory or by name order), and the share of val files is val_ratio."""
+    docs = _docs(2000)
     corpus = split_documents(docs, 0.1)
-
-    def unit(name: str) -> float:
-        return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
-
-    assert {d.name for d in corpus.val} == {d.name for d in docs if unit(d.name) < 0.1}
-    assert {d.name for d in corpus.train} == {d.name for d in docs if unit(d.name) >= 0.1}
-    assert 20 <= len(corpus.val) <= 60  # ~40 expected
-    # Adding files never moves an existing file to the other side.
-    bigger = split_documents(docs + [Document(f"new{i}.py", "n\n") for i in range(50)], 0.1)
-    assert {d.name for d in corpus.val} <= {d.name for d in bigger.val}
+    val = {d.name for d in corpus.val}
+    assert [d.name for d in corpus.train] == [d.name for d in docs if d.name not in val]  # the corpus' order
+    assert [d.name for d in corpus.val] == [d.name for d in docs if d.name in val]
+    assert 133 <= len(val) <= 267  # Binomial(2000, 0.1): 200 +- 5 standard deviations (13.4)
+    shuffled = random.Random(0).sample(docs, len(docs))
+    rewritten = [Document(d.name, d.text * 3 + "other contents\n") for d in shuffled]
+    assert {d.name for d in split_documents(rewritten, 0.1).val} == val
+    more = split_documents(docs + [Document(f"new{i}.py", "n\n") for i in range(500)], 0.1)
+    assert val <= {d.name for d in more.val}  # adding files never moves one to the other side...
+    fewer = split_documents(docs[::2], 0.1)
+    assert {d.name for d in fewer.val} == val & {d.name for d in docs[::2]}  # ...nor does removing some
+    assert val <= {d.name for d in split_documents(docs, 0.3).val}  # a larger ratio only adds val files
+    names = sorted(d.name for d in docs)
+    for start in range(0, 2000, 400):  # every stretch of the name order gets its share (~40 +- 6)
+        assert 10 <= len(val & set(names[start:start + 400])) <= 70, start
+    for folder in ("dir0/", "dir1/", "dir2/"):  # and every directory (~67 +- 8)
+        assert 25 <= sum(name.startswith(folder) for name in val) <= 110, folder
 
 
 def test_split_keeps_both_sides_non_empty_with_few_files() -> None:

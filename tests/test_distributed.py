@@ -31,6 +31,7 @@ from minigpt.training import trainer as trainer_module
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.distributed import gather_object, process_group
+from minigpt.training.run_folder import RunFolder
 from minigpt.training.trainer import Trainer, train
 
 STEPS, HALF = 6, 3
@@ -63,7 +64,7 @@ def _outputs_cfg(cfg: TrainConfig) -> TrainConfig:
 def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
     """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode,
     and the validation score (summed over ranks)."""
-    trainer = Trainer(cfg, out, env=env)
+    trainer = Trainer(cfg, RunFolder(out, enabled=False), env=env)  # builds the run, writes nothing
     model = trainer.model
     x = (torch.arange(2 * cfg.model.block_size) % 200).view(2, -1)  # (2, T): the same batch on every rank
     with torch.no_grad():

@@ -3,6 +3,7 @@ each prompt alone, and a step-by-step simulation of the sliding window."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -180,12 +181,27 @@ def test_stop_fn_and_zero_new_tokens():
     assert run(model, [[1, 2]], 0).tokens == [[]]
 
 
-def test_bf16_cached_decoding_runs_and_mostly_agrees():
+BF16_ATOL = 0.15  # bf16 keeps 8 bits of mantissa; over 2 layers these logits (|max| ~3-4) move by <= ~0.08
+
+
+def test_bf16_cached_decoding_follows_the_fp32_model():
+    """bf16 weights and cache: at every step the logits are within bf16's error of the fp32 model's full
+    forward over the same context, so greedy decoding picks fp32's argmax wherever that is clear."""
     model = tiny(seed=7)
-    want = run(model, [[1, 2, 3]], 10)
-    got = run(model.to(torch.bfloat16), [[1, 2, 3]], 10)
-    assert got.logits[0].dtype == torch.bfloat16
-    assert got.tokens[0][:2] == want.tokens[0][:2]  # low precision may drift later, not at once
+    prompt, n = [1, 2, 3], BLOCK - 3
+    got = run(copy.deepcopy(model).to(torch.bfloat16), [prompt], n)
+    assert got.logits[0].dtype == torch.bfloat16 and len(got.logits) == n
+    with torch.no_grad():
+        full, _ = model(torch.tensor([prompt + got.tokens[0]]))  # (1, T, V) fp32, no cache
+    clear = 0
+    for i, step_logits in enumerate(got.logits):
+        want = full[0, len(prompt) - 1 + i]  # (V,)
+        torch.testing.assert_close(step_logits[0].float(), want, atol=BF16_ATOL, rtol=0)
+        best, second = want.topk(2).values
+        if best - second > 2 * BF16_ATOL:  # no bf16 error can swap these two
+            assert got.tokens[0][i] == int(want.argmax()), i
+            clear += 1
+    assert clear >= n // 2  # most steps are decided, so the token check above is not empty
 
 
 def test_one_cache_allocation_and_only_last_position_logits():

@@ -73,9 +73,12 @@ def test_huge_temperature_is_near_uniform():
 
 
 def test_temperature_is_stable_for_huge_logits():
+    # At T=1e-10, x / T overflows float32 (1e30 / 1e-10 = 1e40 > 3.4e38): without subtracting the row
+    # maximum first, softmax would see inf - inf and give NaN (its own max shift comes too late).
     x = torch.tensor([[1e30, 1e30 - 1e24, -1e30]])
-    probs = probabilities(x, SamplingParams(temperature=1e-3))
-    assert torch.isfinite(probs).all() and probs[0, 0] == 1.0
+    assert torch.isnan(torch.softmax(x / 1e-10, dim=-1)).any()  # the naive formula really breaks here
+    probs = probabilities(x, SamplingParams(temperature=1e-10))
+    assert torch.equal(probs, torch.tensor([[1.0, 0.0, 0.0]]))
 
 
 def test_top_k_never_samples_outside_the_k_most_likely():

@@ -21,7 +21,7 @@ from minigpt.model.factory import build_model
 
 
 def _check_png(path: Path, width_in: float, height_in: float) -> None:
-    """The PNG has the figure's pixel size and real content (many distinct colours, not a blank canvas)."""
+    """The PNG has the figure's pixel size and is drawn on (what is drawn: the callers read the artists)."""
     img = imread(path)  # (H, W, 4) floats
     assert img.shape[:2] == (round(height_in * DPI), round(width_in * DPI))
     assert img[..., :3].std() > 0.05
@@ -46,8 +46,26 @@ def test_rope_similarity_is_the_same_from_every_position() -> None:
     assert sim[0].std() > 0.05  # and the similarity really changes with the offset
 
 
-def test_pe_figure_is_drawn(tmp_path: Path) -> None:
-    fig = plot_positional_encodings(dim=32, n_positions=64, head_dim=8)
+def test_pe_figure_draws_the_table_and_both_similarity_curves(tmp_path: Path) -> None:
+    """What is drawn, read back from the figure's artists, against the closed forms written out here."""
+    dim, n_positions, head_dim = 32, 64, 8
+    fig = plot_positional_encodings(dim=dim, n_positions=n_positions, head_dim=head_dim)
+    ax_tab, ax_sin, ax_rope = fig.axes[:3]  # (then the colorbar's)
+    pos, two_i = np.arange(n_positions)[:, None], np.arange(0, dim, 2)[None, :]
+    table = np.empty((n_positions, dim))
+    angle = pos / 10000 ** (two_i / dim)  # (P, C/2)
+    table[:, 0::2], table[:, 1::2] = np.sin(angle), np.cos(angle)
+    np.testing.assert_allclose(ax_tab.images[0].get_array(), table, atol=1e-6)
+    k = np.arange(n_positions // 2 + 1)[:, None]
+    # sum over the sin/cos pairs of cos(k w_i); RoPE on x = 1/sqrt(D) everywhere: (2/D) sum cos(k theta_i)
+    sin_curve = np.cos(k * 10000.0 ** (-np.arange(0, dim, 2) / dim)).sum(1)
+    rope_curve = 2 / head_dim * np.cos(k * 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim)).sum(1)
+    for ax, curve in ((ax_sin, sin_curve), (ax_rope, rope_curve)):
+        lines = ax.get_lines()
+        assert len(lines) == 3  # one per starting position, all on the same curve
+        for line in lines:
+            np.testing.assert_allclose(line.get_xdata(), k[:, 0])
+            np.testing.assert_allclose(line.get_ydata(), curve, atol=1e-6)  # RoPE angles are float32
     _check_png(save_png(fig, tmp_path / "pe.png"), 13, 4.2)
 
 
@@ -76,12 +94,23 @@ def test_loss_curve_reader_returns_the_logged_values(tmp_path: Path) -> None:
 
 
 def test_sweep_runs_are_labelled_by_their_own_overrides(tmp_path: Path) -> None:
-    for job, lr in enumerate((0.05, 0.1)):
-        _write_run(tmp_path / "sweep" / str(job), lr, [f"optim.lr={lr}", "trainer.max_steps=40"])
+    logged = {lr: _write_run(tmp_path / "sweep" / str(job), lr, [f"optim.lr={lr}", "trainer.max_steps=40"])
+              for job, lr in enumerate((0.05, 0.1))}
     runs, shared = load_runs([tmp_path / "sweep"])
     assert [r.label for r in runs] == ["optim.lr=0.05", "optim.lr=0.1"]
     assert shared == ["trainer.max_steps=40"]
-    _check_png(save_png(plot_loss_curves(runs), tmp_path / "curves.png"), 10, 6)
+    fig = plot_loss_curves(runs)
+    ax_loss, ax_lr = fig.axes
+    drawn = {line.get_label(): line for line in ax_loss.get_lines()}
+    for job, (lr, points) in enumerate(logged.items()):  # what was drawn is what each run logged
+        for tag, name in (("train/loss", f"optim.lr={lr} train"), ("val/loss", f"optim.lr={lr} val")):
+            np.testing.assert_allclose(drawn[name].get_xdata(), [step for step, _ in points[tag]])
+            np.testing.assert_allclose(drawn[name].get_ydata(), [v for _, v in points[tag]], rtol=1e-6)
+        np.testing.assert_allclose(ax_lr.get_lines()[job].get_ydata(), [v for _, v in points["optim/lr"]],
+                                   rtol=1e-6)
+    assert drawn["optim.lr=0.1 val"].get_linestyle() == "--"
+    assert drawn["optim.lr=0.1 train"].get_linestyle() == "-"
+    _check_png(save_png(fig, tmp_path / "curves.png"), 10, 6)
     with pytest.raises(UserError, match="no TensorBoard event files"):
         load_runs([tmp_path / "sweep" / "0" / ".hydra"])
 

@@ -6,8 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from matplotlib.image import imread
+
+from minigpt.inspect.pe_plots import plot_positional_encodings
+from minigpt.inspect.plotting import save_png
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))  # the argparse scripts expose main(argv)
@@ -22,11 +26,18 @@ def _run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_pe_plots_and_loss_curves_write_pngs(tmp_path: Path, capsys) -> None:
+def test_pe_plots_and_loss_curves_write_pngs_of_their_input(tmp_path: Path, capsys) -> None:
+    # pe_plots: the figure the library draws for these arguments (test_inspect_plots reads what that is)
     pe_plots.main(["--dim", "16", "--positions", "32", "--head-dim", "8", "--out", str(tmp_path / "pe.png")])
-    _write_run(tmp_path / "run", 0.05, ["optim.lr=0.05"])
-    loss_curves.main([str(tmp_path / "run"), "--out", str(tmp_path / "loss.png")])
-    assert imread(tmp_path / "pe.png").std() > 0.05 and imread(tmp_path / "loss.png").std() > 0.05
+    reference = save_png(plot_positional_encodings(dim=16, n_positions=32, head_dim=8), tmp_path / "ref.png")
+    assert np.array_equal(imread(tmp_path / "pe.png"), imread(reference))
+    # loss_curves: the same labels and title; other logged values give another image, the same ones the same
+    for name, lr in (("a", 0.05), ("b", 0.2), ("c", 0.05)):
+        _write_run(tmp_path / name / "run", lr, [])
+        out = str(tmp_path / f"{name}.png")
+        loss_curves.main([str(tmp_path / name / "run"), "--title", "t", "--out", out])
+    a, b, c = (imread(tmp_path / f"{name}.png") for name in "abc")
+    assert a.shape == b.shape and not np.array_equal(a, b) and np.array_equal(a, c)
     capsys.readouterr()
     for main, argv in ((loss_curves.main, [str(tmp_path / "missing")]),
                        (import_gpt2.main, [str(tmp_path), str(tmp_path / "ckpt")])):  # no config.json there

@@ -23,6 +23,7 @@ from minigpt.model.factory import build_model
 from minigpt.training.config import LoggingConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation
+from minigpt.training.run_folder import RunFolder
 from minigpt.training.trainer import Trainer, train
 
 T = 16  # the context of the models here
@@ -81,7 +82,8 @@ def test_bits_per_byte_equals_an_independent_computation(tmp_path: Path, kind: s
 
 
 def test_a_budget_scores_the_first_and_the_last_document(make_train_cfg, tmp_path: Path):
-    trainer = Trainer(make_train_cfg(f"trainer.eval_tokens={2 * 32}"), tmp_path / "run", env=DistEnv())
+    cfg = make_train_cfg(f"trainer.eval_tokens={2 * 32}")
+    trainer = Trainer(cfg, RunFolder(tmp_path / "run", enabled=False), env=DistEnv())  # writes nothing
     ev = trainer.evaluation
     val, w, tok = ev.val, ev.windows, trainer.tokenizer
     assert len(w) == 2 and w.starts[0] == 0 and w.starts[-1] + 32 + 1 == len(val)  # end to end

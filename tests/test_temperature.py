@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import matplotlib.figure
 import matplotlib.image
 import numpy as np
 import pytest
@@ -54,13 +55,36 @@ def test_limits_one_hot_and_uniform():
     assert abs(h_hot - math.log(VOCAB)) < 0.01 * math.log(VOCAB)
 
 
-def test_figure_is_a_real_image(tmp_path):
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _entropy(p: np.ndarray) -> float:
+    return float(-(p[p > 0] * np.log(p[p > 0])).sum())
+
+
+def test_figure_draws_each_distribution_and_the_entropy_curve(tmp_path, monkeypatch):
+    """What is drawn, read back from the saved figure's artists, against softmax(logits / T) written out."""
+    figures, real_savefig = [], matplotlib.figure.Figure.savefig
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda fig, *a, **k: (figures.append(fig), real_savefig(fig, *a, **k))[1])
     logits = real_logits()
     path = temperature_figure(logits, lambda i: f"tok{i}", tmp_path / "t.png", temperatures=(0.5, 2.0), top=8)
+    (fig,) = figures
+    x = logits.double().numpy()
+    top8 = np.argsort(-x)[:8]
+    for ax, t in zip(fig.axes[:2], (0.5, 2.0), strict=True):
+        p = _softmax(x / t)
+        np.testing.assert_allclose([bar.get_width() for bar in ax.patches], p[top8], rtol=1e-5)
+        assert f"H = {_entropy(p):.2f} nats" in ax.get_title()
+    assert [label.get_text() for label in fig.axes[0].get_yticklabels()] == [f"tok{i}" for i in top8]
+    curve = next(line for line in fig.axes[2].get_lines() if line.get_label() == "entropy H(T)")
+    ts = np.asarray(curve.get_xdata())
+    assert ts.min() == pytest.approx(1e-3) and ts.max() == pytest.approx(1e3)
+    np.testing.assert_allclose(curve.get_ydata(), [_entropy(_softmax(x / t)) for t in ts], atol=1e-6)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    pixels = matplotlib.image.imread(path)  # (H, W, 4) floats
-    assert pixels.shape[0] >= 200 and pixels.shape[1] >= 600
-    assert np.std(pixels[..., :3]) > 0.05  # drawn content, not a blank canvas
+    assert matplotlib.image.imread(path).shape[:2] == (500, 1100)  # figsize (3 * 2 + 5, 5) at 100 dpi
 
 
 def _compose(*overrides: str) -> TemperatureConfig:

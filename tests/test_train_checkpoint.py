@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import random
 from pathlib import Path
 
@@ -17,7 +19,7 @@ from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
-from minigpt.training.optim import build_optimizer, build_scheduler
+from minigpt.training.optim import build_optimizer
 
 CFG = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16)
 
@@ -26,14 +28,11 @@ def _write(path: Path, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Opti
     torch.manual_seed(seed)
     model = build_model(CFG, vocab_size=257)
     opt = build_optimizer(model, OptimConfig(lr=1e-2, warmup_steps=2))
-    sched = build_scheduler(opt, OptimConfig(lr=1e-2, warmup_steps=2), max_steps=10)
     x = torch.randint(0, 257, (2, 16))
     model(x, x)[1].backward()
     opt.step()
-    sched.step()
     meta = {"step": 1, "model_config": {**CFG.__dict__, "vocab_size": 257}}
-    state = {"step": 1, "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-             "rng": ckpt.rng_state()}
+    state = {"step": 1, "train_seconds": 0.5, "optimizer": opt.state_dict(), "rng": ckpt.rng_state()}
     ckpt.save_checkpoint(path, model, state, meta, ByteTokenizer())
     return model, opt
 
@@ -99,11 +98,41 @@ def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
         assert "99" in str(info.value) and "1" in str(info.value)
 
 
-def test_find_latest_checkpoint(tmp_path: Path):
+def test_find_latest_checkpoint_is_the_most_recently_written(tmp_path: Path):
     with pytest.raises(UserError):
         find_latest_checkpoint(tmp_path)
-    _write(tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last")
-    newer = _write(tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last") and None
-    assert newer is None
-    latest = find_latest_checkpoint(tmp_path)
-    assert latest == tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"
+    later_name = tmp_path / "train" / "2026-01-02" / "09-00-00" / "checkpoints" / "last"
+    earlier_name = tmp_path / "train" / "2026-01-01" / "10-00-00" / "checkpoints" / "last"
+    _write(later_name)
+    _write(earlier_name)
+    # Written last wins, whatever the folder names say (a run resumed today in an old folder is the latest);
+    # explicit times, so the file system's timestamp resolution cannot make the two equal.
+    os.utime(later_name / ckpt.META, (1_000_000, 1_000_000))
+    os.utime(earlier_name / ckpt.META, (2_000_000, 2_000_000))
+    assert find_latest_checkpoint(tmp_path) == earlier_name
+    os.utime(later_name / ckpt.META, (3_000_000, 3_000_000))
+    assert find_latest_checkpoint(tmp_path) == later_name
+
+
+def test_a_damaged_tokenizer_folder_is_refused(tmp_path: Path):
+    path = tmp_path / "ckpt"
+    _write(path)
+    recorded = json.loads((path / ckpt.META).read_text())[ckpt.TOKENIZER_HASHES]
+    assert recorded == {"tokenizer.json": hashlib.sha256((path / "tokenizer" / "tokenizer.json").read_bytes())
+                        .hexdigest()}  # an independent hash of what is on disk
+    (path / "tokenizer" / "tokenizer.json").write_text('{"kind": "char", "chars": "ab"}')
+    with pytest.raises(UserError, match=r"damaged tokenizer/ folder \(tokenizer\.json changed or missing"):
+        load_model(path, "cpu")
+    (path / "tokenizer" / "tokenizer.json").unlink()
+    with pytest.raises(UserError, match="tokenizer.json changed or missing"):
+        load_model(path, "cpu")
+
+
+def test_a_checkpoint_from_before_tokenizer_hashes_still_loads(tmp_path: Path):
+    path = tmp_path / "ckpt"
+    _write(path)
+    meta = json.loads((path / ckpt.META).read_text())
+    del meta[ckpt.TOKENIZER_HASHES]
+    (path / ckpt.META).write_text(json.dumps(meta))
+    _, tokenizer, _ = load_model(path, "cpu")
+    assert tokenizer.decode(tokenizer.encode("ok")) == "ok"

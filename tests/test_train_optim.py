@@ -12,7 +12,7 @@ from minigpt.device.runtime import resolve_runtime
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
-from minigpt.training.optim import build_optimizer, build_scheduler, param_groups
+from minigpt.training.optim import LRSchedule, build_optimizer, param_groups
 from minigpt.training.step import accumulate_gradients
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
@@ -72,28 +72,36 @@ def test_grad_accumulation_equals_one_big_batch():
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def _lrs(cfg: OptimConfig, max_steps: int, n: int) -> list[float]:
+def _lrs(cfg: OptimConfig, max_steps: int | None, n: int, seconds_per_step: float = 0.0,
+         max_seconds: float | None = None) -> list[float]:
+    """The lr of each of `n` steps, set as the trainer sets it: before the step, from its number and time."""
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=cfg.lr)
-    sched = build_scheduler(opt, cfg, max_steps)
+    schedule = LRSchedule(cfg, max_steps, max_seconds)
     out = []
-    for _ in range(n):
-        out.append(opt.param_groups[0]["lr"])  # the lr this step uses
+    for step in range(n):
+        out.append(schedule.apply(opt, step, step * seconds_per_step))
+        assert opt.param_groups[0]["lr"] == out[-1]  # what the optimizer really uses
         opt.step()
-        sched.step()
     return out
+
+
+def _cosine(step: int, progress: float, peak: float, floor_ratio: float, warmup: int) -> float:
+    """The documented formula, written out independently of optim.py."""
+    warm = min(1.0, (step + 1) / warmup) if warmup else 1.0
+    decay = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return peak * warm * (floor_ratio + (1 - floor_ratio) * decay)
 
 
 def test_lr_schedule_matches_formula():
     peak, floor = 0.01, 0.001  # min_lr_ratio 0.1
     lrs = _lrs(OptimConfig(lr=peak, warmup_steps=10, min_lr_ratio=0.1), max_steps=110, n=130)
-    assert lrs[0] == pytest.approx(peak / 10)  # first warmup step: 1/10 of the peak
-    assert lrs[4] == pytest.approx(peak * 5 / 10)
-    assert lrs[9] == pytest.approx(peak)  # warmup done
-    assert lrs[10] == pytest.approx(peak)  # the cosine starts at the peak
-    assert lrs[60] == pytest.approx(floor + (peak - floor) * 0.5)  # half way: cos(pi/2) = 0
-    assert lrs[35] == pytest.approx(floor + (peak - floor) * 0.5 * (1 + math.cos(math.pi / 4)))
+    assert lrs[0] == pytest.approx(peak / 10)  # first warmup step: 1/10 of the peak (the decay is still 1)
+    assert lrs[4] == pytest.approx(peak * 5 / 10 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 110))))
+    assert lrs[55] == pytest.approx(floor + (peak - floor) * 0.5)  # half way: cos(pi/2) = 0
     assert lrs[110] == pytest.approx(floor) and lrs[129] == pytest.approx(floor)  # stays on the floor
+    for step, lr in enumerate(lrs):
+        assert lr == pytest.approx(_cosine(step, step / 110, peak, 0.1, 10)), step
     assert all(a >= b for a, b in zip(lrs[9:-1], lrs[10:], strict=True))  # non-increasing after warmup
 
 
@@ -102,3 +110,33 @@ def test_lr_schedule_decay_steps_overrides_max_steps():
     assert lrs[0] == pytest.approx(1.0)
     assert lrs[20] == pytest.approx(0.5)
     assert lrs[40] == pytest.approx(0.0)
+
+
+def test_wsd_holds_the_peak_then_cools_down_linearly_to_the_floor():
+    cfg = OptimConfig(lr=1.0, warmup_steps=5, min_lr_ratio=0.1, schedule="wsd", cooldown_ratio=0.2)
+    lrs = _lrs(cfg, max_steps=100, n=101)
+    assert lrs[:5] == pytest.approx([0.2, 0.4, 0.6, 0.8, 1.0])  # warmup
+    assert lrs[5:81] == pytest.approx([1.0] * 76)  # stable until 1 - cooldown_ratio of the budget
+    assert lrs[90] == pytest.approx(0.1 + 0.9 * 0.5)  # half way down the cooldown
+    assert lrs[85] == pytest.approx(0.1 + 0.9 * 0.75)
+    assert lrs[100] == pytest.approx(0.1)  # the floor at the end of the budget
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_a_time_budget_decays_with_the_time_used_and_ends_on_the_floor(schedule: str):
+    cfg = OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.1, schedule=schedule, cooldown_ratio=0.5)
+    # 0.5 s per step against a 60 s budget: progress = step / 120, whatever the step count would say.
+    lrs = _lrs(cfg, max_steps=None, n=150, seconds_per_step=0.5, max_seconds=60.0)
+    assert lrs[0] == pytest.approx(1.0)
+    cosine = schedule == "cosine"
+    assert lrs[60] == pytest.approx(0.1 + 0.9 * 0.5 if cosine else 1.0)  # half the budget used
+    assert lrs[90] == pytest.approx(0.1 + 0.9 * (0.5 * (1 + math.cos(math.pi * 0.75)) if cosine else 0.5))
+    assert lrs[120] == pytest.approx(0.1) and lrs[149] == pytest.approx(0.1)  # budget used: on the floor
+
+
+def test_with_both_budgets_the_one_further_along_drives_the_decay():
+    schedule = LRSchedule(OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0), 100, 60.0)
+    assert schedule.progress(10, 30.0) == pytest.approx(0.5)  # time is ahead
+    assert schedule.progress(80, 30.0) == pytest.approx(0.8)  # steps are ahead
+    assert schedule.lr(100, 1.0) == pytest.approx(0.0) and schedule.lr(1, 60.0) == pytest.approx(0.0)
+

@@ -20,7 +20,7 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import datasheet_tflops, peak_flops, resolve_runtime
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
-from minigpt.training.optim import build_optimizer, build_scheduler
+from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.step import accumulate_gradients, optimizer_step
 
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304, "block_size": 1024}
@@ -45,12 +45,12 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     train_model = torch.compile(model) if runtime.compile else model
     optim_cfg = OptimConfig(lr=6e-4, warmup_steps=warmup_steps)
     optimizer = build_optimizer(model, optim_cfg, runtime.type)
-    scheduler = build_scheduler(optimizer, optim_cfg, steps + warmup_steps)
+    schedule = LRSchedule(optim_cfg, steps + warmup_steps)
     scaler = runtime.grad_scaler()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, shape["vocab_size"], (64, batch_size, shape["block_size"] + 1), generator=gen)
     tokens = tokens.to(runtime.device)  # a pool of batches already on the device: the loader is not timed
-    counter = iter(range(10**9))
+    counter, step_counter = iter(range(10**9)), iter(range(10**9))
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
         b = tokens[next(counter) % tokens.shape[0]]  # (B, T + 1)
@@ -59,7 +59,8 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     def step() -> torch.Tensor:
         train_model.train()
         loss = accumulate_gradients(train_model, next_batch, 1, runtime, scaler)
-        optimizer_step(model, optimizer, scheduler, scaler, grad_clip=1.0)
+        schedule.apply(optimizer, next(step_counter), 0.0)
+        optimizer_step(model, optimizer, scaler, grad_clip=1.0)
         return loss
 
     start = time.perf_counter()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minigpt.checkpoint.format import META, TOKENIZER, load_weights, read_meta
+from minigpt.checkpoint.format import META, TOKENIZER, load_weights, read_meta, verify_tokenizer
 from minigpt.data.tokenizers import Tokenizer, load_tokenizer
 from minigpt.device.runtime import inference_device
 from minigpt.errors import UserError
@@ -62,6 +62,7 @@ def read_checkpoint(path: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     load_weights(model, ckpt)
     if not (ckpt / TOKENIZER).is_dir():
         raise UserError(f"checkpoint {str(ckpt)!r} has no {TOKENIZER}/ folder; it is incomplete")
+    verify_tokenizer(ckpt, meta)
     return model, load_tokenizer(ckpt / TOKENIZER), meta
 
 

@@ -43,7 +43,7 @@ from typing import Any
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.data.documents import SPLITS, SourceMissing
 from minigpt.data.encode import encode_corpus
-from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for, file_digest
+from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for, folder_digests
 from minigpt.data.sources import Corpus, load_corpus
 from minigpt.data.streaming import StreamedCorpus
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
@@ -223,8 +223,7 @@ def _build(
         if not counts[split].documents:
             raise UserError(f"data={data_cfg.source} gave no {split} documents with data.val_ratio="
                             f"{data_cfg.val_ratio}; change data.val_ratio or add documents")
-    tokenizer_files = {p.relative_to(folder / TOKENIZER_DIR).as_posix(): file_digest(p)
-                       for p in sorted((folder / TOKENIZER_DIR).rglob("*")) if p.is_file()}
+    tokenizer_files = folder_digests(folder / TOKENIZER_DIR)
     n_bytes = sum(c.bytes for c in counts.values())
     return {
         "format_version": FORMAT_VERSION,

@@ -47,6 +47,12 @@ def file_digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def folder_digests(folder: Path) -> dict[str, str]:
+    """Relative path -> hex sha256 of every file under `folder` (a tokenizer folder, say), sorted by path."""
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(Path(folder).rglob("*"))
+            if p.is_file()}
+
+
 class ShardWriter:
     """Appends tokens to `<split>_NNN.bin` files in `folder`, starting a new file every `shard_tokens`
     tokens, and hashes each file as it is written (no second read). `close()` returns the shard records."""

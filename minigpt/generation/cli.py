@@ -1,7 +1,9 @@
 """The body of `scripts/generate.py`: load a checkpoint, sample, stream, summarise; or run a REPL.
 
 Kept out of the script so tests can call it with a config object and in-memory streams.
-Output: samples on `out` (the prompt, then the continuation), one summary line on `err`.
+Output: samples on `out` (the prompt, then the continuation), one summary line on `err`. Either may be a pipe
+whose reader stops early (`| head`): the rest of its output is then dropped quietly (output.py), and the
+samples are still generated to the end and returned whole.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
 from minigpt.generation.config import GenerateConfig
+from minigpt.generation.output import ClosableOutput
 from minigpt.generation.session import Session
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
 from minigpt.sampling.decode import stream_tokens
@@ -44,6 +47,7 @@ def run_samples(
     cfg: GenerateConfig, model: torch.nn.Module, tokenizer: Any, out: TextIO, err: TextIO
 ) -> tuple[list[str], GenerationStats]:
     """Generate `cfg.num_samples` continuations of the prompt as one batch; return their texts and stats."""
+    out, err = ClosableOutput(out), ClosableOutput(err)
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     ids = encode_prompt(tokenizer, prompt)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
@@ -58,22 +62,22 @@ def run_samples(
     )  # fmt: skip
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
-    _write(out, prompt)
+    out.write(prompt)
     for step in steps:
         for b, t in enumerate(step.emitted):
             if t is not None:
                 outputs[b].append(t)
         # A token that completes a stop string ends its row (done); `finish` prints what precedes it.
         if live is not None and step.emitted[0] is not None and not step.done[0]:
-            _write(out, live.push(step.emitted[0]))
+            out.write(live.push(step.emitted[0]))
     texts = [stop_strings.cut(tokenizer.decode(o)) for o in outputs]
     # The first sample streamed live (the batch decodes in lockstep, so interleaving them would be
     # unreadable); the others are printed whole once the batch is done.
-    _write(out, live.finish(texts[0]) if live is not None else texts[0])
+    out.write(live.finish(texts[0]) if live is not None else texts[0])
     for text in texts[1:]:
-        _write(out, SEPARATOR + prompt + text)
-    _write(out, "\n")
-    print(stats.summary(), file=err, flush=True)
+        out.write(SEPARATOR + prompt + text)
+    out.write("\n")
+    err.write(stats.summary() + "\n")
     return texts, stats
 
 
@@ -85,37 +89,31 @@ def run_interactive(
 
     `read_line` returns the next line, or None at end of input (Ctrl-D); an empty line also ends it.
     """
+    out, err = ClosableOutput(out), ClosableOutput(err)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
 
     def rebuilt(width: int) -> None:
-        print(f"[context window full: cache rebuilt from the last {width} tokens]", file=err, flush=True)
+        err.write(f"[context window full: cache rebuilt from the last {width} tokens]\n")
 
     session = Session(
         model, cfg.sampling(tokenizer.vocab_size), generator, stop_ids=stop_ids, stop_fn=stop_strings or None,
         keep=default_keep(model.config.block_size, cfg.window_keep_ratio), on_rebuild=rebuilt,
     )  # fmt: skip
-    print("interactive: each line is appended to the session and continued; empty line or Ctrl-D quits",
-          file=err, flush=True)  # fmt: skip
+    err.write("interactive: each line is appended to the session and continued; empty line or Ctrl-D quits\n")
     while (line := read_line()) is not None and line != "":
         try:
             ids = encode_prompt(tokenizer, line)
         except UserError as e:  # a typo should not end the session
-            print(f"error: {e}", file=err, flush=True)
+            err.write(f"error: {e}\n")
             continue
         stream = TextStream(tokenizer.decode, stop_strings.holdback())
         reply = []
         for token in session.turn(ids, cfg.max_new_tokens):
             reply.append(token)
             if not (stop_strings and stop_strings(0, reply)):  # a completed stop string is never printed
-                _write(out, stream.push(token))
-        _write(out, stream.finish(stop_strings.cut(tokenizer.decode(reply))) + "\n")
-        print(f"[prefilled {session.last_prefill} tokens, generated {len(reply)}; "
-              f"context {session.width}/{session.block_size} tokens]", file=err, flush=True)  # fmt: skip
+                out.write(stream.push(token))
+        out.write(stream.finish(stop_strings.cut(tokenizer.decode(reply))) + "\n")
+        err.write(f"[prefilled {session.last_prefill} tokens, generated {len(reply)}; "
+                  f"context {session.width}/{session.block_size} tokens]\n")
     return session
-
-
-def _write(out: TextIO, text: str) -> None:
-    if text:
-        out.write(text)
-        out.flush()

@@ -20,9 +20,10 @@ REPLACEMENT = "\ufffd"
 
 
 def read_prompt(prompt: str, prompt_file: str | None) -> str:
-    """The prompt text: `prompt`, or the contents of `prompt_file` (which must exist and be non-empty)."""
+    """The prompt text: `prompt` with its escapes turned into characters (`unescape`), or the contents of
+    `prompt_file` exactly as they are (which must exist and be non-empty)."""
     if not prompt_file:
-        return prompt
+        return unescape(prompt)
     path = Path(prompt_file).expanduser()
     try:
         text = path.read_text(encoding="utf-8")
@@ -66,8 +67,11 @@ _ESCAPES = {"n": "\n", "t": "\t", "\\": "\\"}
 def unescape(text: str) -> str:
     """Turn the two-character sequences \\n, \\t and \\\\ into a newline, a tab and a backslash.
 
-    Hydra keeps backslashes literally, so `stop=["\\n\\n"]` on a command line arrives as four
-    characters; stop strings are almost always about line breaks, so they are unescaped.
+    Hydra keeps backslashes literally, so `stop=["\\n\\n"]` or `prompt='import os\\n\\ndef '` on a command
+    line arrives with backslash-n pairs, not line breaks; stop strings and prompts are about line breaks far
+    more often than about backslashes, so both are unescaped. A literal backslash is written twice
+    (`prompt='print("\\\\n")'` is the text `print("\\n")`); any other backslash (`\\d`, `\\x`) is kept as
+    it is. Prompt files are read as they are.
     """
     return re.sub(r"\\([nt\\])", lambda m: _ESCAPES[m.group(1)], text)
 

@@ -15,23 +15,29 @@ from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.device.config import DeviceConfig
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
+from minigpt.training.budget import parse_duration
 
 STRATEGIES = ("ddp", "fsdp")  # see training/distributed.py
 NONFINITE_POLICIES = ("stop", "skip")
+SCHEDULES = ("cosine", "wsd")  # see training/optim.py
 
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warmup, then cosine decay to a floor (`training/optim.py`)."""
+    """AdamW with linear warmup, then a decay to a floor at the end of the budget (`training/optim.py`)."""
 
     lr: float = 3e-3  # peak learning rate, reached at the end of warmup; small models tolerate a high one
-    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio and stays there
+    min_lr_ratio: float = 0.1  # the decay ends at lr * min_lr_ratio and stays there
+    # cosine: decay over the whole budget | wsd: warmup-stable-decay, the peak held until the last
+    # cooldown_ratio of the budget, then a straight line down to the floor
+    schedule: str = "cosine"
+    cooldown_ratio: float = 0.2  # wsd only: the share of the budget spent decaying (0: a constant lr)
     weight_decay: float = 0.1  # matrices only; norms, biases and embeddings are not decayed
     beta1: float = 0.9
     beta2: float = 0.95  # shorter second-moment memory than Adam's 0.999: steadier with small batches
     eps: float = 1e-8
-    warmup_steps: int = 50
-    decay_steps: int | None = None  # where the cosine reaches its floor; None: trainer.max_steps
+    warmup_steps: int = 50  # in steps, also for a time budget: Adam's moments need updates, not seconds
+    decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
 
     def __post_init__(self) -> None:
@@ -47,7 +53,11 @@ class OptimConfig:
         if self.warmup_steps < 0:
             raise UserError(f"optim.warmup_steps={self.warmup_steps} must be >= 0")
         if self.decay_steps is not None and self.decay_steps < 1:
-            raise UserError(f"optim.decay_steps={self.decay_steps} must be >= 1 (or null: trainer.max_steps)")
+            raise UserError(f"optim.decay_steps={self.decay_steps} must be >= 1 (or null: the run's budget)")
+        if self.schedule not in SCHEDULES:
+            raise UserError(f"optim.schedule={self.schedule!r} is not one of: {', '.join(SCHEDULES)}")
+        if not 0.0 <= self.cooldown_ratio <= 1.0:
+            raise UserError(f"optim.cooldown_ratio={self.cooldown_ratio} must be in [0, 1]")
         if self.grad_clip < 0:
             raise UserError(f"optim.grad_clip={self.grad_clip} must be >= 0 (0 disables clipping)")
 
@@ -56,7 +66,10 @@ class OptimConfig:
 class TrainerConfig:
     """The training loop (`training/trainer.py`). One step is one optimizer update."""
 
-    max_steps: int = 400
+    max_steps: int | None = 400  # null: no step limit (then set max_time)
+    # A budget of training time, e.g. 90s, 3min, 1h (training/budget.py); with max_steps, the first one
+    # reached ends the run. Evaluation and checkpoints are not counted.
+    max_time: str | None = None
     batch_size: int = 16  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
@@ -84,8 +97,13 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         counts = ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "ckpt_every")
         for name in counts:
-            if getattr(self, name) < 1:
-                raise UserError(f"trainer.{name}={getattr(self, name)} must be at least 1")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"trainer.{name}={value} must be at least 1")
+        if self.max_steps is None and self.max_time is None:
+            raise UserError("trainer.max_steps=null needs a time budget: set trainer.max_time (e.g. 3min)")
+        if self.max_time is not None:
+            parse_duration(self.max_time)  # a bad duration fails here, at start-up
         n = self.eval_tokens
         if n != "all" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise UserError(f"trainer.eval_tokens={n!r} must be a number of tokens (at least 1) or all "
@@ -101,6 +119,11 @@ class TrainerConfig:
         if self.tokens_per_step is not None and self.tokens_per_step < 1:
             raise UserError(f"trainer.tokens_per_step={self.tokens_per_step} must be at least 1 (or null)")
 
+    @property
+    def max_seconds(self) -> float | None:
+        """`max_time` in seconds, or None."""
+        return None if self.max_time is None else parse_duration(self.max_time)
+
 
 @dataclass
 class LoggingConfig:
@@ -108,6 +131,8 @@ class LoggingConfig:
 
     log_every: int = 10  # steps between log lines and TensorBoard scalars (the only host syncs)
     tensorboard: bool = True
+    # A tqdm bar when stderr is a terminal; otherwise (a file, a pipe, a batch job) a plain line every
+    # log_every steps. false: neither.
     progress_bar: bool = True
     sample_tokens: int = 120  # length of the sample written at each eval and printed at the end; 0: none
     sample_prompt: str = ""  # empty: start from the end-of-text token, i.e. the start of a document

@@ -117,6 +117,20 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(t.item())
 
 
+def max_over_ranks(values: list[float], env: DistEnv) -> list[float]:
+    """The element-wise maximum of `values` over ranks (one small CPU all-reduce, gloo: no device sync).
+
+    The trainer packs each step's joint decisions into it: a stop flag (1.0 on the rank that got a signal)
+    and rank 0's training clock (the others send -inf), so every rank stops at the same step and sets the same
+    lr for the next one. A collective: every rank calls it at the same point of the loop.
+    """
+    if not env.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
 def mean_over_ranks(value: float, env: DistEnv) -> float:
     """The average of a Python float over ranks (the same number on every rank afterwards)."""
     if not env.enabled:

@@ -9,7 +9,9 @@ loop's only host-device sync.
 
 per device: `tokens_per_s` counts every rank's tokens, and each of the `world_size` devices did its share of
 them. `flops_per_token` is the model's own count (`GPT.flops_per_token`: 6N + attention) and `peak_flops` one
-device's peak in the dtype the matmuls run in (`device/runtime.peak_flops`).
+device's peak in the dtype the matmuls run in (`device/runtime.peak_flops`). The same clock (`seconds`)
+measures a run's training time against `trainer.max_time` (`budget.py`), so tokens/s x training time =
+tokens trained.
 
 No MFU above 100% is ever reported. A datasheet peak is a true bound, but a measured one is a 0.2 s probe of
 square matmuls: a busy machine can slow the probe more than the model, and the model's own shapes may tile
@@ -56,6 +58,10 @@ class ThroughputMeter:
         self.window_steps, self.window_time = 0, 0.0  # this interval, before the running stretch
         self.total_steps, self.total_time = 0, 0.0  # every closed interval of the run
 
+    def restart(self) -> None:
+        """Start the running stretch now (at the loop's start: setting up the run is not training work)."""
+        self.start = self.clock()
+
     def step_done(self) -> None:
         self.window_steps += 1
 
@@ -68,6 +74,15 @@ class ThroughputMeter:
             yield
         finally:
             self.start = self.clock()
+
+    @property
+    def seconds(self) -> float:
+        """Training time since the meter was built: every closed interval, plus the open one up to now.
+
+        Call it between steps, not inside `paused()`. No device sync: on a GPU the host may be a step or two
+        ahead of the queued work, which `interval()` settles at the next log line.
+        """
+        return self.total_time + self.window_time + self.clock() - self.start
 
     def interval(self) -> Interval:
         """Close the current interval (one device sync) and return what it measured."""

@@ -1,14 +1,14 @@
-"""AdamW with two parameter groups, and the learning-rate schedule: linear warmup, then cosine to a floor.
+"""AdamW with two parameter groups, and the learning-rate schedule: linear warmup, then a decay (cosine, or
+warmup-stable-decay) to a floor at the end of the run's budget of steps or of training time.
 
-This is the only place the schedule is defined; `lr_multiplier` is the formula, `build_scheduler` wraps it in
-torch's `LambdaLR` so its state (the step count) checkpoints with the rest of the run.
+This is the only place the schedule is defined: `lr_multiplier` is the formula, `LRSchedule` feeds it a run's
+progress through its budget and sets the result on the optimizer.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from functools import partial
 
 import torch
 from torch import nn
@@ -62,30 +62,69 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     )
 
 
-def lr_multiplier(step: int, warmup_steps: int, decay_steps: int, min_lr_ratio: float) -> float:
-    """The factor on the peak lr for optimizer step `step` (0-based).
+def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,
+                  cooldown_ratio: float) -> float:
+    """The factor on the peak lr for optimizer step `step` (0-based), with `progress` of the budget used.
 
-    Warmup: (step + 1) / warmup_steps, so the first update is already non-zero and step warmup_steps - 1
-    reaches the peak. Then cosine from 1 at step warmup_steps down to min_lr_ratio at step decay_steps, and
-    flat afterwards. Warmup keeps Adam's early, badly estimated second moments from taking huge steps.
+        warmup(step) = min(1, (step + 1) / warmup_steps)          (1 without warmup)
+        cosine(p)    = floor + (1 - floor) * (1 + cos(pi * p)) / 2
+        wsd(p)       = 1 until p = 1 - cooldown_ratio, then floor + (1 - floor) * (1 - p) / cooldown_ratio
+        multiplier   = warmup(step) * decay(min(p, 1)),  floor = min_lr_ratio
+
+    Warmup counts steps (the first update is already non-zero, step warmup_steps - 1 reaches the peak): it
+    keeps Adam's early, badly estimated second moments from taking huge steps, and those need updates, not
+    seconds. The decay follows the share of the budget used, steps or training time alike, and reaches the
+    floor exactly at its end. Multiplying the two keeps the curve continuous without knowing in advance when,
+    in seconds, warmup will end; for cosine the top is thereby a little below the peak (0.97 of it when warmup
+    takes 50 of 400 steps). wsd (warmup-stable-decay) holds the peak for as long as possible and cools down
+    only at the end, so a time budget's unknown step count costs it nothing.
     """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if step >= decay_steps:
-        return min_lr_ratio
-    progress = (step - warmup_steps) / max(1, decay_steps - warmup_steps)  # 0 -> 1
-    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    warm = 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
+    p = min(max(progress, 0.0), 1.0)
+    if schedule == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * p))
+    elif schedule == "wsd":
+        decay = 1.0 if p <= 1.0 - cooldown_ratio else (1.0 - p) / cooldown_ratio
+    else:
+        raise ValueError(f"unknown schedule {schedule!r}")  # OptimConfig refuses it first
+    return warm * (min_lr_ratio + (1.0 - min_lr_ratio) * decay)
 
 
-def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: OptimConfig, max_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    """`lr_multiplier` as a torch scheduler; call `.step()` once after each optimizer step."""
-    decay_steps = cfg.decay_steps if cfg.decay_steps is not None else max_steps
-    fn = partial(
-        lr_multiplier,
-        warmup_steps=cfg.warmup_steps,
-        decay_steps=max(decay_steps, cfg.warmup_steps),
-        min_lr_ratio=cfg.min_lr_ratio,
-    )
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+class LRSchedule:
+    """`lr_multiplier` for one run's budget; `apply` sets the lr on the optimizer before each step.
+
+    The budget's progress is the larger of `step / horizon_steps` (`optim.decay_steps`, else
+    `trainer.max_steps`) and `seconds / max_seconds` (`trainer.max_time`), for whichever of the two is set:
+    the lr reaches its floor when the run's first budget runs out. Nothing is stored: a step's lr depends only
+    on its number and the training time used before it, both saved in every checkpoint, so a resumed run
+    picks up the same curve.
+    """
+
+    def __init__(self, cfg: OptimConfig, max_steps: int | None, max_seconds: float | None = None) -> None:
+        self.cfg = cfg
+        self.horizon_steps = cfg.decay_steps if cfg.decay_steps is not None else max_steps
+        self.max_seconds = max_seconds
+        if self.horizon_steps is None and max_seconds is None:
+            raise ValueError("a schedule needs a step horizon or a time budget")
+
+    def progress(self, step: int, seconds: float) -> float:
+        """The share of the budget used after `step` steps and `seconds` of training time."""
+        shares = []
+        if self.horizon_steps is not None:
+            shares.append(step / self.horizon_steps)
+        if self.max_seconds is not None:
+            shares.append(seconds / self.max_seconds)
+        return max(shares)
+
+    def lr(self, step: int, seconds: float) -> float:
+        c = self.cfg
+        return c.lr * lr_multiplier(step, self.progress(step, seconds), warmup_steps=c.warmup_steps,
+                                    schedule=c.schedule, min_lr_ratio=c.min_lr_ratio,
+                                    cooldown_ratio=c.cooldown_ratio)
+
+    def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float) -> float:
+        """Set step `step`'s lr on every parameter group (both groups share it) and return it."""
+        lr = self.lr(step, seconds)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr

@@ -58,19 +58,17 @@ def accumulate_gradients(
 
 
 def optimizer_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler, grad_clip: float,
-) -> tuple[torch.Tensor, float]:
-    """Clip, update, zero the gradients, advance the schedule; returns (pre-clip grad norm, lr used)."""
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, grad_clip: float,
+) -> torch.Tensor:
+    """Clip, update, zero the gradients; returns the pre-clip grad norm. The caller sets the lr beforehand
+    (`optim.LRSchedule.apply`)."""
     scaler.unscale_(optimizer)  # clip the true gradients, not the fp16-scaled ones
     max_norm = grad_clip or math.inf  # 0 disables clipping; the norm is still computed and logged
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    lr = optimizer.param_groups[0]["lr"]  # a Python float: reading it costs no sync
     scaler.step(optimizer)  # with fp16, skips the update if the gradients overflowed
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
-    return grad_norm, lr
+    return grad_norm
 
 
 class NonFiniteLossError(UserError):

@@ -1,50 +1,90 @@
 """TensorBoard logging: fixed, `/`-namespaced metric names; the x-axis is always the optimizer step.
 
-Scalars: train/loss, val/loss, val/ppl, val/bpb (bits per byte), optim/lr, optim/grad_norm,
+Scalars: train/loss, val/loss, val/best_loss, val/ppl, val/bpb (bits per byte), optim/lr, optim/grad_norm,
 throughput/tokens_per_s (all ranks), throughput/mfu (per device), throughput/step_s, mem/peak_gib,
-progress/tokens. Text: `config` (the resolved config as YAML) and `sample`
-(generated text at each evaluation). The final metrics go into the hparams table *in the run's own folder*
-(`run_name="."`), so TensorBoard lists one run per run rather than an extra timestamped sub-run.
+progress/tokens. Text: `config` (the resolved config as YAML) and `sample` (generated text at each
+evaluation).
+
+At the end, the HPARAMS tab gets the run's flattened config beside its final metrics. Those metrics are the
+run's own series (FINAL_METRICS): the hparams plugin shows the last value of each, which for val/loss is the
+final evaluation at the last step. `SummaryWriter.add_hparams` would instead write a copy of every metric as
+a new scalar at step 0 (a `final` group of lone points at the wrong step, the first thing TIME SERIES shows)
+and, by default, into a new timestamped sub-run; we write only its three hparams summaries, into this run.
+
+The event file is created when the logger is entered (by `fit`, once the run has passed its checks), so a
+refused run leaves no `tb/` behind. A write that fails (a full disk, a deleted folder, lost permissions)
+surfaces from the next call as an OSError naming the event folder. The writer's background thread, where the
+write really failed, would print its own traceback first; while the logger is open that report is dropped
+for OSErrors (the main thread reports the same error in one line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 SCALAR_TAGS = (
-    "train/loss", "val/loss", "val/ppl", "val/bpb", "optim/lr", "optim/grad_norm", "throughput/tokens_per_s",
-    "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
+    "train/loss", "val/loss", "val/best_loss", "val/ppl", "val/bpb", "optim/lr", "optim/grad_norm",
+    "throughput/tokens_per_s", "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
 )
 TEXT_TAGS = ("config", "sample")
+# What the HPARAMS table shows for each run: the last point of these series (tokens/s: of the last interval).
+FINAL_METRICS = ("val/loss", "val/best_loss", "val/bpb", "throughput/tokens_per_s")
 
 
 class TensorBoardLogger:
     """A thin `SummaryWriter` wrapper; disabled (other ranks, logging.tensorboard=false) it does nothing.
 
-    Use it as a context manager so the event file is flushed and closed even when training fails.
+    `with logger:` opens the event file and closes it even when training fails; outside, calls do nothing.
     """
 
     def __init__(self, log_dir: Path, enabled: bool = True) -> None:
+        self.log_dir, self.enabled = Path(log_dir), enabled
         self.writer = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
-
-            self.writer = SummaryWriter(log_dir=str(log_dir))
+        self._excepthook = threading.excepthook
 
     def __enter__(self) -> TensorBoardLogger:
+        if self.enabled:
+            from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
+
+            self._excepthook = threading.excepthook
+            threading.excepthook = self._quiet_writer_thread
+            with self.writing():
+                self.writer = SummaryWriter(log_dir=str(self.log_dir))
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        try:
+            self.close()
+        except OSError:
+            if exc_type is None:  # else an error is already on its way out; it is the one to report
+                raise
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Turn a failed write into an OSError naming the event folder (the writer's own has no path)."""
+        try:
+            yield
+        except OSError as e:
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, str(self.log_dir)) from None
+
+    def _quiet_writer_thread(self, args: threading.ExceptHookArgs) -> None:
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            self._excepthook(args)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self.writer is None:
             return
-        for tag, value in values.items():
-            assert tag in SCALAR_TAGS, f"unknown scalar tag {tag}"  # one fixed vocabulary of metric names
-            self.writer.add_scalar(tag, value, step)
+        with self.writing():
+            for tag, value in values.items():
+                assert tag in SCALAR_TAGS, f"unknown scalar tag {tag}"  # one fixed vocabulary of metric names
+                self.writer.add_scalar(tag, value, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
         """Text rendered as a preformatted block (TensorBoard's text plugin speaks markdown)."""
@@ -52,19 +92,29 @@ class TensorBoardLogger:
             return
         assert tag in TEXT_TAGS, f"unknown text tag {tag}"
         block = "\n".join("    " + line for line in text.splitlines())
-        self.writer.add_text(tag, block, step)
+        with self.writing():
+            self.writer.add_text(tag, block, step)
 
-    def final(self, config: dict[str, Any], metrics: dict[str, float]) -> None:
-        """The run's hyperparameters (flattened config) beside its final metrics, in the same run folder."""
+    def final(self, config: dict[str, Any], step: int) -> None:
+        """The run's hyperparameters (flattened config) beside FINAL_METRICS, in this run, at `step`."""
         if self.writer is None:
             return
-        hparams = {k: _hparam_value(v) for k, v in _flatten(config).items()}
-        self.writer.add_hparams(hparams, {f"final/{k}": v for k, v in metrics.items()}, run_name=".")
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        values = {k: _hparam_value(v) for k, v in _flatten(config).items()}
+        # The metric values given here are not written anywhere: the plugin reads each metric's own series.
+        with self.writing():
+            for summary in hparams_summaries(values, dict.fromkeys(FINAL_METRICS, 0.0)):
+                self.writer.file_writer.add_summary(summary, step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+        writer, self.writer = self.writer, None
+        try:
+            if writer is not None:
+                with self.writing():
+                    writer.close()
+        finally:
+            threading.excepthook = self._excepthook
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -8,8 +8,11 @@ Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs thi
 stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
 `best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
-the current step (`signals.py`). Neighbours: `resume.py` (checkpoints in and out), `meter.py` (throughput
-and MFU), `evaluation.py` (validation), `step.py` (one update).
+the current step (`signals.py`). The run ends when its budget is used (`budget.py`: `trainer.max_steps`
+steps and/or `trainer.max_time` of training time, on rank 0's clock); the lr of each step follows the share
+of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (checkpoints in and out), `meter.py`
+(throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one update), `console.py`
+(the progress bar or lines).
 """
 
 from __future__ import annotations
@@ -18,27 +21,32 @@ import dataclasses
 import logging
 import math
 import random
+import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from tqdm.auto import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
+from minigpt.errors import UserError
 from minigpt.model.factory import build_model
 from minigpt.training import distributed, resume
+from minigpt.training.budget import Budget, format_duration
 from minigpt.training.config import TrainConfig
+from minigpt.training.console import ProgressDisplay, is_terminal
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
 from minigpt.training.finetune import fine_tuning
 from minigpt.training.meter import ThroughputMeter
-from minigpt.training.optim import build_optimizer, build_scheduler
+from minigpt.training.optim import LRSchedule, build_optimizer
+from minigpt.training.run_folder import RunFolder
 from minigpt.training.signals import GracefulStop
 from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 from minigpt.training.tensorboard import TensorBoardLogger
@@ -60,16 +68,32 @@ class TrainResult:
     checkpoint: Path
     interrupted: bool = False  # stopped early by SIGINT/SIGTERM, after writing `checkpoint`
     skipped_steps: int = 0  # updates skipped for a non-finite loss (trainer.on_nonfinite=skip)
+    train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
     val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
     mfu: float = math.nan  # model FLOPs utilisation per device over the run
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None) -> TrainResult:
+def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
+          record_files: dict[str, str] | None = None) -> TrainResult:
     """Train per `cfg`, writing checkpoints and TensorBoard logs under `out_dir` (rank 0 only).
 
     `env` is this process's place in a torchrun job, whose process group is already initialised; None: alone.
+    `record_files` (relative path -> text, e.g. the script's .hydra/ configs) are written into `out_dir` once
+    the run has passed every check: a refused run leaves the folder as it was (run_folder.py).
     """
-    return Trainer(cfg, Path(out_dir), env=env or DistEnv()).fit()
+    env = env or DistEnv()
+    run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
+    refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all ranks stop if it cannot
+    if refusal is not None:
+        raise UserError(refusal)
+    try:
+        trainer = Trainer(cfg, run, env=env)  # every other refusal: here, before anything is written
+        run.accept()
+        if env.is_main:
+            ckpt.remove_stale_temporaries(run.path / "checkpoints")  # left by a crash mid-write
+        return trainer.fit()
+    finally:
+        run.release()
 
 
 def seed_everything(seed: int) -> None:
@@ -98,24 +122,30 @@ def seed_rank_stream(seed: int, rank: int) -> None:
 
 
 class Trainer:
-    """Holds the run's state, all of it built in `__init__` (and resumed, if asked); `fit()` runs the loop."""
+    """Holds the run's state, all of it built in `__init__` (and resumed, if asked); `fit()` runs the loop.
 
-    def __init__(self, cfg: TrainConfig, out_dir: Path, *, env: DistEnv) -> None:
+    `clock` is the training clock's time source (seconds); tests inject a fake one to test time budgets
+    without waiting.
+    """
+
+    def __init__(self, cfg: TrainConfig, run: RunFolder, *, env: DistEnv,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = resume.resume_source(cfg, out_dir)  # before any work: a bad path fails at once
+        resume_from = resume.resume_source(cfg, run.path)  # before any work: a bad path fails at once
         if tc.resume == "auto" and resume_from is None:
-            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", out_dir)
+            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", run.path)
         cfg, init = fine_tuning(cfg, resume_from)  # trainer.init_from: the source's model config
-        self.cfg, self.out_dir, self.env = cfg, out_dir, env
+        self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
         self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank)
         device = self.runtime.device
         seed_everything(tc.seed)
 
+        # tqdm bars only where they redraw in place (see console.py)
+        bars = self.is_main and cfg.logging.progress_bar and is_terminal(sys.stderr)
         tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it
-            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir),
-                                        progress=self.is_main and cfg.logging.progress_bar)
+            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir), progress=bars)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
@@ -135,7 +165,8 @@ class Trainer:
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, tc.max_steps)
+        self.budget = Budget(tc.max_steps, tc.max_seconds)
+        self.schedule = LRSchedule(cfg.optim, tc.max_steps, tc.max_seconds)
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
@@ -147,17 +178,19 @@ class Trainer:
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
         self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
                                      peak_flops(cfg.device, self.runtime), env.world_size,
-                                     self.runtime.synchronize)
-        self.tb = TensorBoardLogger(out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
+                                     self.runtime.synchronize, clock)
+        self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         if state is not None:
-            self.progress = resume.restore(state, self.model, self.optimizer, self.scheduler, self.scaler,
-                                           self.loader, env)
-            log.info("resumed from %s at step %d (%s tokens seen)", resume_from, self.progress.step,
-                     f"{self.progress.tokens_seen:,}")
+            self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
+            log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
+                     self.progress.step, f"{self.progress.tokens_seen:,}",
+                     format_duration(self.progress.train_seconds))
+        self.seconds_before = self.progress.train_seconds  # used by earlier sessions of this run
         log.info("model: %s parameters (%s without embeddings); %s tokens per step "
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
                  f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
                  self.grad_accum_steps, env.world_size)
+        log.info("budget: %s", self.budget.describe())
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -166,24 +199,24 @@ class Trainer:
         interrupted, sample = False, ""
         with GracefulStop() as stop, self.tb:
             self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
-            bar = tqdm(total=tc.max_steps, initial=p.step, unit="step", dynamic_ncols=True,
-                       disable=not (self.is_main and lc.progress_bar))
-            with logging_redirect_tqdm(), bar:
-                while p.step < tc.max_steps:
+            with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step) as display:
+                self.meter.restart()
+                while not self.budget.done(p.step, p.train_seconds):
                     if p.step % tc.eval_every == 0:
                         self._evaluate()
                     loss, grad_norm, lr = self._train_step()
                     p.step += 1
                     p.tokens_seen += self.tokens_per_step
                     self.meter.step_done()
-                    bar.update(1)
-                    if p.step % lc.log_every == 0 or p.step == tc.max_steps:
-                        self._log_interval(loss, grad_norm, lr, bar)
-                    # The ranks agree on stopping (one tiny CPU all-reduce), so they stop at the same step.
-                    if distributed.any_rank(stop.requested, self.env):
+                    display.step_done()
+                    stop_requested, p.train_seconds = self._agree(stop.requested)
+                    finished = self.budget.done(p.step, p.train_seconds)
+                    if p.step % lc.log_every == 0 or finished:
+                        self._log_interval(loss, grad_norm, lr, display)
+                    if stop_requested:
                         interrupted = True
                         break
-                    if p.step % tc.ckpt_every == 0 and p.step < tc.max_steps:
+                    if p.step % tc.ckpt_every == 0 and not finished:
                         with self.meter.paused():
                             self._save("last")
             if not interrupted:
@@ -192,51 +225,56 @@ class Trainer:
             tokens_per_s = self.meter.run_tokens_per_s
             if not interrupted:
                 sample = self.evaluation.sample()
-                final = {"val_loss": p.val_loss, "best_val_loss": p.best_val_loss, "val_bpb": p.val_bpb,
-                         "tokens_per_s": tokens_per_s, "mfu": self.meter.run_mfu}
-                self.tb.final(dataclasses.asdict(self.cfg), final)
+                self.tb.final(dataclasses.asdict(self.cfg), p.step)
         if interrupted and self.is_main:
             log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
                         self.last_saved)
         elif not interrupted:
-            log.info("done: step %d, val loss %.4f (best %.4f, first %.4f), %.4f bits/byte, %s tok/s, "
-                     "MFU %.1f%% per device", p.step, p.val_loss, p.best_val_loss, p.first_val_loss,
+            log.info("done: step %d after %s of training, val loss %.4f (best %.4f, first %.4f), "
+                     "%.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
+                     format_duration(p.train_seconds), p.val_loss, p.best_val_loss, p.first_val_loss,
                      p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
                            sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
-                           p.val_bpb, self.meter.run_mfu)
+                           p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu)
+
+    def _agree(self, stop_requested: bool) -> tuple[bool, float]:
+        """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's
+        training clock (the other ranks send -inf). Every rank then ends the run at the same step and sets the
+        same lr for the next one (an lr from each rank's own clock would let the replicas drift apart)."""
+        seconds = self.seconds_before + self.meter.seconds if self.is_main else -math.inf
+        flag, seconds = distributed.max_over_ranks([float(stop_requested), seconds], self.env)
+        return flag > 0, seconds
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
+        p = self.progress
+        lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds)
         self.train_model.train()
         loss = accumulate_gradients(self.train_model, self.loader.next_batch, self.grad_accum_steps,
                                     self.runtime, self.scaler)
-        if self.nonfinite.should_skip(loss, self.progress.step + 1, self.env):
-            self.optimizer.zero_grad(set_to_none=True)
-            lr = self.optimizer.param_groups[0]["lr"]
-            self.scheduler.step()  # the step still counts: the schedule stays aligned with the step number
+        if self.nonfinite.should_skip(loss, p.step + 1, self.env):
+            self.optimizer.zero_grad(set_to_none=True)  # the step still counts, as it does for the schedule
             return loss, torch.full((), math.nan), lr
-        grad_norm, lr = optimizer_step(self.model, self.optimizer, self.scheduler, self.scaler,
-                                       self.cfg.optim.grad_clip)
+        grad_norm = optimizer_step(self.model, self.optimizer, self.scaler, self.cfg.optim.grad_clip)
         return loss, grad_norm, lr
 
     # ------------------------------------------------------------------------------------------ reporting
 
-    def _log_interval(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float, bar: tqdm) -> None:
+    def _log_interval(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
+                      display: ProgressDisplay) -> None:
         """Read the device values (the one host sync per interval) and report them."""
         self.nonfinite.check(self.env, self._on_disk)
         interval = self.meter.interval()
         loss_v, norm_v = loss.item(), distributed.local_value(grad_norm).item()
+        p = self.progress
         self.tb.scalars({
             "train/loss": loss_v, "optim/lr": lr, "optim/grad_norm": norm_v,
             "throughput/tokens_per_s": interval.tokens_per_s, "throughput/step_s": interval.step_s,
             "throughput/mfu": interval.mfu, "mem/peak_gib": peak_memory_gib(self.runtime.device),
-            "progress/tokens": self.progress.tokens_seen,
-        }, self.progress.step)
-        bar.set_postfix(loss=f"{loss_v:.3f}", lr=f"{lr:.2e}", tok_s=f"{interval.tokens_per_s:,.0f}",
-                        refresh=False)
-        log.debug("step %d loss %.4f lr %.3e grad_norm %.3f %.0f tok/s", self.progress.step, loss_v, lr,
-                  norm_v, interval.tokens_per_s)
+            "progress/tokens": p.tokens_seen,
+        }, p.step)
+        display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s)
 
     def _evaluate(self) -> None:
         """Validation (the same on every rank, so is the `best` decision), a sample, their reports."""
@@ -250,15 +288,17 @@ class Trainer:
                              "progress/tokens": p.tokens_seen}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
-            log.info("step %d/%d: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step,
-                     self.cfg.trainer.max_steps, p.val_loss, score.perplexity, p.val_bpb,
-                     " best" if improved and p.step > 0 else "")
+            self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (tensorboard.py)
+            of = "" if self.budget.max_steps is None else f"/{self.budget.max_steps}"
+            log.info("step %d%s: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step, of, p.val_loss,
+                     score.perplexity, p.val_bpb, " best" if improved and p.step > 0 else "")
             if improved and p.step > 0:
                 self._save("best")
             if p.step > 0:
                 self.tb.text("sample", self.evaluation.sample(), p.step)
             if self.cfg.logging.attention_images:
-                self.evaluation.attention_images(self.tb.writer, p.step)
+                with self.tb.writing():
+                    self.evaluation.attention_images(self.tb.writer, p.step)
 
     def _on_disk(self) -> str:
         """The end of the non-finite loss message: what is still on disk."""
@@ -275,10 +315,10 @@ class Trainer:
         rng_states = distributed.gather_object(ckpt.rng_state(), self.env)  # every rank's own streams
         if self.is_main:
             p = self.progress
-            state = resume.training_state(p, optimizer_state, self.scheduler, self.scaler, self.loader,
-                                          rng_states)
+            state = resume.training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
             meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env,
                                           self.evaluation.describe())
+            self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
             if name == "last":
