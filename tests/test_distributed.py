@@ -72,6 +72,7 @@ def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
     gathered = gather_object(outputs, env)
     score = trainer.evaluation.score()
     if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
         torch.save({"outputs": gathered, "score": dataclasses.asdict(score)}, out / "outputs.pt")
 
 

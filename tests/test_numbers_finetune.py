@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_helpers import run_script
 from conftest import write_corpus
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.data.config import TokenizerConfig
@@ -21,6 +22,7 @@ from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training import finetune
 from minigpt.training.finetune import InitFrom
+from minigpt.training.optim import LRSchedule
 from minigpt.training.trainer import train
 
 transformers = pytest.importorskip("transformers")
@@ -109,12 +111,15 @@ def test_an_hf_folder_without_the_gpt2_tokenizer_says_how_to_import_it(hf_gpt2, 
 def test_fine_tune_a_minigpt_run_as_a_new_run(make_train_cfg, tmp_path: Path):
     source = tmp_path / "source"
     first = train(make_train_cfg("trainer.max_steps=6", "optim.lr=1e-2"), source)
-    tuned = train(make_train_cfg(f"trainer.init_from={source}", "trainer.max_steps=4", "model.dropout=0.1"),
-                  tmp_path / "tuned")
+    tuned_cfg = make_train_cfg(f"trainer.init_from={source}", "trainer.max_steps=4", "model.dropout=0.1")
+    tuned = train(tuned_cfg, tmp_path / "tuned")
     assert tuned.step == 4 and tuned.tokens_seen == 4 * 4 * 32  # step 0, in its own folder
     assert tuned.first_val_loss == pytest.approx(first.val_loss, rel=1e-6)  # the source's weights, same data
-    state = ckpt.load_state(tmp_path / "tuned" / "checkpoints" / "last")
-    assert state["scheduler"]["last_epoch"] == 4  # a fresh schedule, not the source's
+    events = EventAccumulator(str(tmp_path / "tuned" / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    lrs = {e.step: e.value for e in events.Scalars("optim/lr")}
+    schedule = LRSchedule(tuned_cfg.optim, max_steps=4)  # a fresh one: counted from this run's step 0
+    assert lrs[2] == pytest.approx(schedule.lr(1, 0.0))  # logged at step 2: the lr step 2 (index 1) used
     with pytest.raises(UserError, match="trainer.init_from and trainer.resume"):
         make_train_cfg(f"trainer.init_from={source}", f"trainer.resume={source}")
     shutil.rmtree(source)  # a stopped fine-tuning run resumes from its own checkpoint, without the source
