@@ -8,7 +8,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun
+.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun ablation
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -53,3 +53,17 @@ speedrun: install ## the CPU speedrun: train candidate configs for a fixed time 
 
 docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
 	$(PY) scripts/update_docs.py
+
+# The ablation lab: every file of configs/experiment/ablation/ (a test checks the list), the baseline first
+# (job 0, the row the others are compared with), as one Hydra multirun into one sweep folder; then the
+# report on it. The order here is the order of the table.
+comma := ,
+ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm
+ifndef ABLATION_DIR
+ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
+endif
+
+ablation: install ## train the baseline and each ablation (~6 min on 2 idle CPU cores), then report; UPDATE_README=1 also updates the README
+	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
+		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
+	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_README),--readme README.md)

@@ -75,6 +75,9 @@ def hf_config_from_model(cfg: ModelConfig, eot_id: int | None = None) -> dict:
         ("pos_encoding", cfg.pos_encoding, "learned"), ("norm", cfg.norm, "layernorm"),
         ("norm_placement", cfg.norm_placement, "pre"), ("bias", cfg.bias, True),
         ("n_kv_head", cfg.kv_heads, cfg.n_head),
+        # the ablation switches (model/config.py): GPT-2 has every piece they remove
+        ("causal", cfg.causal, True), ("attn_scale", cfg.attn_scale, "sqrt"),
+        ("residual", cfg.residual, True), ("final_norm", cfg.final_norm, True),
     ]
     for name, value, needed in checks:
         if value != needed:

@@ -13,6 +13,11 @@ Backends (`model.attention`), which must agree numerically (the tests compare th
 
 Grouped-query attention: with H_kv < H key/value heads, query head h uses key/value head
 h // (H / H_kv). The KV cache stores only H_kv heads, so it shrinks by H / H_kv.
+
+Two ablation switches reach this file, and every backend honours both: `model.attn_scale=none`
+(scores are q·kᵀ, `scale=1.0`; the default `scale=None` means 1/√D) and `model.causal=false`, which
+arrives as `is_causal=False` with no mask: every query then sees every key, future ones included.
+GPT.forward decides when that happens (training mode only).
 """
 
 from __future__ import annotations
@@ -45,14 +50,17 @@ def math_attention(
     mask: torch.Tensor | None,
     is_causal: bool,
     dropout: nn.Module | None = None,
+    scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The explicit reference. q (B, H, T, D), k/v (B, H_kv, S, D), mask broadcastable to (B, H, T, S)
-    with True = may attend. Returns the output (B, H, T, D) and the probabilities (B, H, T, S)."""
+    with True = may attend; scale multiplies the scores (None: 1/√D). Returns the output (B, H, T, D)
+    and the probabilities (B, H, T, S)."""
     n_rep = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, H, S, D)
     # divide by √D: with unit-variance q and k the dot product has variance D, and a softmax of such
     # wide scores saturates to one-hot rows whose gradients vanish
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, T, S)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, H, T, S)
     if is_causal:
         mask = causal_mask(q.shape[2], k.shape[2], q.device)  # (T, S)
     if mask is not None:
@@ -70,10 +78,12 @@ def sdpa_attention(
     mask: torch.Tensor | None,
     is_causal: bool,
     dropout_p: float,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """torch's fused kernel; same arguments and (B, H, T, D) output as `math_attention`."""
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
+        q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=k.shape[1] != q.shape[1],
     )
 
 
@@ -94,6 +104,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
+        self.scale = None if config.attn_scale == "sqrt" else 1.0  # None: every backend's 1/√D
         self.online_block_size = config.online_block_size
         self.record_probs = False
         self.probs: torch.Tensor | None = None
@@ -109,7 +120,8 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """rope: (cos, sin) from RotaryEmbedding at this call's positions, or None.
         mask: (B, 1, T, S) boolean from the KV cache, or None. is_causal: apply the plain causal mask
-        (the caller sets it only when keys are exactly this call's tokens, T == S).
+        (the caller sets it only when keys are exactly this call's tokens, T == S); False with no mask
+        lets every query see every key (the `model.causal=false` ablation, in training mode).
         kv_cache: a KVCache; our new K/V are written into it and we attend over everything it holds."""
         B, T, C = x.shape
         H, H_kv, D = self.n_head, self.n_kv_head, self.head_dim
@@ -130,12 +142,13 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         p_drop = self.attn_drop.p if self.training else 0.0
         if self.record_probs or self.backend == "math":
-            y, probs = math_attention(q, k, v, mask, is_causal, self.attn_drop if p_drop > 0 else None)
+            dropout = self.attn_drop if p_drop > 0 else None
+            y, probs = math_attention(q, k, v, mask, is_causal, dropout, self.scale)
             self.probs = probs.detach() if self.record_probs else None
             return y
         if self.backend == "sdpa":
-            return sdpa_attention(q, k, v, mask, is_causal, p_drop)
+            return sdpa_attention(q, k, v, mask, is_causal, p_drop, self.scale)
         return online_attention(
             q, k, v, mask=mask, is_causal=is_causal, block_size=self.online_block_size,
-            dropout=self.attn_drop if p_drop > 0 else None,
+            dropout=self.attn_drop if p_drop > 0 else None, scale=self.scale,
         )

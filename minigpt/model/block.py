@@ -5,6 +5,11 @@ Where the norm sits (`model.norm_placement`):
   The residual stream itself is never normalised, so gradients reach early layers through an
   identity path; this is what makes deep stacks train without warmup tricks.
 - `post` (the original Transformer): x = Norm(x + Drop(Attn(x))); x = Norm(x + Drop(FFN(x))).
+  Every block renormalises the stream itself, so its magnitude is reset at each sublayer.
+
+`model.residual=false` (an ablation) drops the `x +` of both formulas: x = Drop(Attn(Norm(x))) and so on.
+A block whose sublayers output zero is then no longer the identity but zero: the skip path is what
+carries the signal past a sublayer that has nothing to add, and the gradient back to earlier layers.
 
 Dropout (inverted: scaled by 1/(1-p) in training, identity in eval) sits on each sublayer's output
 before it joins the residual stream (`dropout_1` after W_O, `dropout_2` after the FFN's down
@@ -28,6 +33,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer_idx: int) -> None:
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
+        self.residual = config.residual
         self.ln_1 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.dropout_1 = nn.Dropout(config.dropout)
@@ -49,7 +55,11 @@ class Block(nn.Module):
             return self.attn(h, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache)
 
         if self.pre_norm:
-            x = x + self.dropout_1(attn(self.ln_1(x)))
-            return x + self.dropout_2(self.mlp(self.ln_2(x)))
-        x = self.ln_1(x + self.dropout_1(attn(x)))
-        return self.ln_2(x + self.dropout_2(self.mlp(x)))
+            x = self.skip(x) + self.dropout_1(attn(self.ln_1(x)))
+            return self.skip(x) + self.dropout_2(self.mlp(self.ln_2(x)))
+        x = self.ln_1(self.skip(x) + self.dropout_1(attn(x)))
+        return self.ln_2(self.skip(x) + self.dropout_2(self.mlp(x)))
+
+    def skip(self, x: torch.Tensor) -> torch.Tensor | float:
+        """The residual path: x itself, or 0 without it (`model.residual=false`)."""
+        return x if self.residual else 0.0

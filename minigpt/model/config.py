@@ -1,4 +1,11 @@
-"""The model's configuration: one dataclass, validated before any tensor is allocated."""
+"""The model's configuration: one dataclass, validated before any tensor is allocated.
+
+Besides the architectural choices it holds the *ablation switches*: each removes one piece the
+reference notes defend (the causal mask, the 1/√D scale, the positional encoding, the residual path,
+the final norm), each is off by default (the field's default keeps the piece), and each is named for
+what it removes. They exist so that a run can show what breaks (configs/experiment/ablation/, `make
+ablation`); `ablation_warnings` says in words what a model built with them gave up.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +13,15 @@ from dataclasses import dataclass
 
 from minigpt.errors import UserError
 
-POS_ENCODINGS = ("sinusoidal", "learned", "rope")
+# none and integer are ablations: no position at all, or the raw index added to every channel
+POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none", "integer")
+ABLATION_POS_ENCODINGS = ("none", "integer")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_BACKENDS = ("math", "sdpa", "online")
+ATTN_SCALES = ("sqrt", "none")  # scores = q·kᵀ/√D | q·kᵀ (an ablation)
+DEFAULT_ROPE_BASE = 10000.0
 
 
 @dataclass
@@ -35,7 +46,12 @@ class ModelConfig:
     attn_dropout: float = 0.0  # on the attention probabilities; off by default
     bias: bool = True
     tie_weights: bool = True
-    rope_base: float = 10000.0
+    rope_base: float = DEFAULT_ROPE_BASE
+    # ablation switches: the defaults keep each piece; see the module docstring and ablation_warnings
+    causal: bool = True  # false: no causal mask in training mode (eval and sampling stay causal)
+    attn_scale: str = "sqrt"  # none: raw q·kᵀ scores, no 1/√D
+    residual: bool = True  # false: blocks drop their skip path, x = Sublayer(...) instead of x + ...
+    final_norm: bool = True  # false: pre-norm models feed the raw residual stream to the head (no ln_f)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -58,6 +74,7 @@ class ModelConfig:
         _check_choice("norm_placement", self.norm_placement, NORM_PLACEMENTS)
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("attention", self.attention, ATTENTION_BACKENDS)
+        _check_choice("attn_scale", self.attn_scale, ATTN_SCALES)
         if self.n_embd % self.n_head:
             lo = self.n_embd - self.n_embd % self.n_head
             raise UserError(
@@ -89,6 +106,65 @@ class ModelConfig:
             raise UserError(f"model.rope_base={self.rope_base} must be greater than 1 (10000 is usual)")
         if self.norm_eps <= 0:
             raise UserError(f"model.norm_eps={self.norm_eps} must be positive")
+        self._validate_ablations()
+
+    def _validate_ablations(self) -> None:
+        """Refuse switch combinations that would silently mean nothing."""
+        if self.pos_encoding in ABLATION_POS_ENCODINGS and self.rope_base != DEFAULT_ROPE_BASE:
+            raise UserError(
+                f"model.rope_base={self.rope_base} has no effect with model.pos_encoding={self.pos_encoding} "
+                "(it sets rotary frequencies: use pos_encoding=rope, or leave rope_base at "
+                f"{DEFAULT_ROPE_BASE:g})"
+            )
+        if not self.final_norm and self.norm_placement == "post":
+            raise UserError(
+                "model.final_norm=false only applies to model.norm_placement=pre "
+                "(post-norm blocks end in a norm of their own and have no final norm to remove)"
+            )
+
+
+def ablation_warnings(cfg: ModelConfig) -> list[str]:
+    """One sentence per ablation switch that is on: what the model lacks and what to expect from it.
+
+    Empty for every normal model. build_model logs them, joined on one line, whenever a model is built,
+    so a run or a loaded checkpoint with an ablation is never mistaken for a normal one.
+    """
+    lines = []
+    if not cfg.causal:
+        lines.append(
+            "model.causal=false: trained without the causal mask, so each position could see the next token "
+            "and learned to copy it; evaluation and sampling are causal (a decoder cannot see tokens it has "
+            "not produced yet), so expect a much higher val loss and poor samples"
+        )
+    if cfg.attn_scale == "none":
+        lines.append(
+            "model.attn_scale=none: attention scores are not divided by "
+            f"sqrt(head size) = {cfg.head_dim ** 0.5:g}, so they grow with the head size and the softmax "
+            "saturates towards one-hot rows, whose gradients vanish"
+        )
+    if cfg.pos_encoding == "integer":
+        erased = cfg.norm == "layernorm" and cfg.norm_placement == "pre"
+        lines.append(
+            "model.pos_encoding=integer adds the raw position index (0 .. block_size-1) to every embedding "
+            "channel: it dwarfs the token embeddings (~0.02), and a weight reading it gets gradients that "
+            "grow with the position; an ablation, never a real choice"
+            + ("; here pre-norm LayerNorm subtracts it as each token's mean, so the model gets no order "
+               "from it at all" if erased else "")
+        )
+    if cfg.pos_encoding == "none":
+        lines.append(
+            "model.pos_encoding=none: no positional encoding; only the causal mask tells positions apart, "
+            "and without it attention is blind to word order"
+        )
+    if not cfg.residual:
+        lines.append(
+            "model.residual=false: the blocks have no skip path, so every layer must carry the whole signal "
+            "and gradients reach early layers only through every later sublayer"
+        )
+    if not cfg.final_norm:
+        lines.append("model.final_norm=false: the raw residual stream, whose scale grows with depth, "
+                     "goes straight to the output head")
+    return lines
 
 
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -9,8 +9,11 @@ position has to be injected. The two schemes here add a C-wide vector to each to
 - `learned` (GPT-2): a trainable (block_size, C) table, one row per position.
 
 The third scheme, `rope`, rotates queries and keys inside attention instead (see rope.py).
-Raw integer positions are deliberately not offered: added to the embedding they grow without bound
-and swamp it, and they carry no gradient-friendly structure.
+
+Raw integer positions (`integer`: the index p added to every channel) exist only as an ablation, to
+show what the notes argue against: the value grows with p and dwarfs the ~0.02-sized token
+embeddings, and a weight w reading it in y = w·p + ... gets the gradient dL/dw = dL/dy · p, so the
+same error teaches ~p times harder at position p than at position 1. `none` adds nothing at all.
 
 Both modules take absolute positions (T,) or (B, T) (the latter when batched prompts are
 left-padded, so each row counts from its own first token) and return (T, C) or (B, T, C).
@@ -60,3 +63,20 @@ class LearnedPositionalEncoding(nn.Embedding):
 
     def __init__(self, block_size: int, n_embd: int) -> None:
         super().__init__(block_size, n_embd)
+
+
+class IntegerPositionalEncoding(nn.Module):
+    """The ablation `integer`: PE(pos, c) = pos for every channel c. positions (T,) or (B, T) -> (T, C) or
+    (B, T, C).
+
+    Stored as a table like the sinusoidal one (a non-persistent buffer), so it follows the model's dtype
+    and device and is never saved in checkpoints.
+    """
+
+    def __init__(self, block_size: int, n_embd: int) -> None:
+        super().__init__()
+        table = torch.arange(block_size, dtype=torch.float32).unsqueeze(1).expand(block_size, n_embd)
+        self.register_buffer("table", table.contiguous(), persistent=False)  # (block_size, C)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]

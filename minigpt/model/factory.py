@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from minigpt.errors import UserError
-from minigpt.model.config import ModelConfig
+from minigpt.model.config import ModelConfig, ablation_warnings
 from minigpt.model.gpt import GPT
+
+log = logging.getLogger(__name__)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
@@ -15,6 +18,8 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
     A larger model.vocab_size than the tokenizer's is allowed (e.g. GPT-2's 50257 padded to 50304
     for faster matmuls: the extra rows are simply never targeted); a smaller one is an error.
     The caller's cfg is not modified; the filled copy is `model.config`.
+    A model with ablation switches on (model/config.py) is built, with one warning line saying what it
+    lacks: every tool that trains or loads a model passes through here.
     """
     if cfg.vocab_size is None:
         if vocab_size is None:
@@ -29,4 +34,7 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
         )
     else:
         cfg = dataclasses.replace(cfg)
+    warnings = ablation_warnings(cfg)
+    if warnings:
+        log.warning("ablation model: %s", "; ".join(warnings))
     return GPT(cfg)

@@ -19,7 +19,11 @@ from torch import nn
 from minigpt.model.block import Block
 from minigpt.model.chunked_loss import linear_cross_entropy
 from minigpt.model.config import ModelConfig
-from minigpt.model.embedding import LearnedPositionalEncoding, SinusoidalPositionalEncoding
+from minigpt.model.embedding import (
+    IntegerPositionalEncoding,
+    LearnedPositionalEncoding,
+    SinusoidalPositionalEncoding,
+)
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
 from minigpt.model.rope import RotaryEmbedding
@@ -41,13 +45,17 @@ class GPT(nn.Module):
             self.transformer["wpe"] = LearnedPositionalEncoding(config.block_size, C)
         elif config.pos_encoding == "sinusoidal":
             self.transformer["wpe"] = SinusoidalPositionalEncoding(config.block_size, C)
-        else:  # rope: nothing is added to the embedding; the blocks rotate q and k
+        elif config.pos_encoding == "integer":  # an ablation (embedding.py)
+            self.transformer["wpe"] = IntegerPositionalEncoding(config.block_size, C)
+        elif config.pos_encoding == "rope":  # nothing is added to the embedding; the blocks rotate q and k
             self.transformer["rope"] = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
+        # pos_encoding=none (an ablation): no position anywhere
         self.transformer["drop"] = nn.Dropout(config.dropout)
         self.transformer["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         # Post-norm blocks already end in a norm, so a final one would normalise a normalised
-        # stream; pre-norm blocks leave the residual stream raw, and ln_f normalises it for the head.
-        if config.norm_placement == "pre":
+        # stream; pre-norm blocks leave the residual stream raw, and ln_f normalises it for the head
+        # (unless the ablation model.final_norm=false removes it).
+        if config.norm_placement == "pre" and config.final_norm:
             self.transformer["ln_f"] = build_norm(config.norm, C, config.norm_eps, config.bias)
         else:
             self.transformer["ln_f"] = nn.Identity()
@@ -95,6 +103,11 @@ class GPT(nn.Module):
         return_logits=False (with targets) is for callers that want the loss alone, like the trainer: the
         head and the loss are then fused and computed chunk by chunk (chunked_loss.py), the (B, T, V)
         logits never exist, and None is returned in their place. Under autocast the plain path runs.
+
+        Causality: always causal, except that the ablation `model.causal=false` lifts the mask in training
+        mode (`model.train()`), the mode the loss is optimised in. In eval mode (validation, sampling, every
+        inspection tool) and with a KV cache the model is causal whatever its config: a decoder is used one
+        token at a time and cannot see tokens it has not produced, which is where such a model fails.
         """
         B, T = idx.shape
         if last_only and targets is not None:
@@ -104,6 +117,7 @@ class GPT(nn.Module):
             if idx.shape[1] > self.config.block_size:
                 raise RuntimeError(f"sequence length {T} exceeds block_size {self.config.block_size}")
             positions = torch.arange(T, device=idx.device)  # (T,)
+            is_causal = self.config.causal or not self.training  # see "Causality" above
         else:
             needed = kv_cache.length + T  # checked before a position lookup could fail less clearly
             if needed > kv_cache.max_len:
@@ -122,7 +136,7 @@ class GPT(nn.Module):
         rope = None
         if "wpe" in self.transformer:
             x = x + self.transformer.wpe(positions)  # (T, C) or (B, T, C) broadcasts over B
-        else:
+        elif "rope" in self.transformer:
             rope = self.transformer.rope(positions)  # (cos, sin), shared by all layers
         x = self.transformer.drop(x)
         for block in self.transformer.h:

@@ -55,18 +55,21 @@ def online_attention(
     is_causal: bool = False,
     block_size: int = 64,
     dropout: nn.Module | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention streamed over key/value blocks. q (B, H, T, D), k/v (B, H_kv, S, D) -> (B, H, T, D).
 
     mask: boolean, broadcastable to (B, H, T, S), True = may attend. is_causal: the last T of the S
-    keys are the queries' own positions. dropout (optional) acts on the unnormalised weights that
-    multiply V, not on the sum s, which equals dropout on the normalised probabilities.
+    keys are the queries' own positions. scale multiplies the scores (None: 1/√D). dropout (optional)
+    acts on the unnormalised weights that multiply V, not on the sum s, which equals dropout on the
+    normalised probabilities.
     """
     B, H, T, D = q.shape
     H_kv, S = k.shape[1], k.shape[2]
     G = H // H_kv  # query heads per key/value head
     # GQA without copying K/V: group the query heads that share a key/value head
-    qg = q.reshape(B, H_kv, G, T, D) * (1.0 / math.sqrt(D))  # (B, H_kv, G, T, D)
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    qg = q.reshape(B, H_kv, G, T, D) * scale  # (B, H_kv, G, T, D)
     if mask is not None:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # (B|1, H|1, T|1, S)
         mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (H_kv, G))  # 5-D

@@ -24,6 +24,7 @@ import torch
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import resolve_checkpoint
 from minigpt.errors import UserError
+from minigpt.model.config import ModelConfig
 from minigpt.training import distributed
 from minigpt.training.budget import format_duration
 from minigpt.training.config import TrainConfig
@@ -60,7 +61,9 @@ def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: D
     """Check that checkpoint `path` fits this run, load its weights into the (not yet wrapped) model, and
     return the rest of its state for `restore`."""
     meta = ckpt.read_meta(path)
-    if meta.get("model_config") != dataclasses.asdict(model.config):
+    # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then
+    saved = {**dataclasses.asdict(ModelConfig()), **(meta.get("model_config") or {})}
+    if saved != dataclasses.asdict(model.config):
         raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
                         "same model=... overrides (see its meta.json)")
     distributed.check_resume_world_size(meta.get("world_size", 1), env, path)
