@@ -6,8 +6,10 @@ Examples:
     python scripts/evaluate.py text_file=notes.md stride=32
     python scripts/evaluate.py data=text 'data.paths=[docs/*.md]'
 
-Every token is scored once with a sliding window of the model's context (minigpt/inspect/perplexity.py).
-Prints one line and writes results.json into the run folder; bad input: one line on stderr, exit code 2.
+Every token is scored once with a sliding window of the model's context (minigpt/inspect/perplexity.py):
+loss (nats per token), perplexity and bits per UTF-8 byte. stride=<block_size> scores the windows training
+scores with trainer.eval_tokens=all. Prints one line and writes results.json into the run folder; bad input:
+one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     result, source = evaluate(to_object(cfg, EvaluateConfig))
     print(f"{source}: {result.summary()}")
-    record = {"source": source, "loss": result.loss, "perplexity": result.perplexity, "tokens": result.tokens,
-              "window": result.window, "stride": result.stride}
+    record = {"source": source, "loss": result.loss, "perplexity": result.perplexity, "bpb": result.bpb,
+              "tokens": result.tokens, "bytes": result.score.bytes, "window": result.window,
+              "stride": result.stride}
     (out_dir / "results.json").write_text(json.dumps(record, indent=2) + "\n")
 
 

@@ -50,7 +50,7 @@ def main(cfg: DictConfig) -> None:
     if result.sample:
         print(f"\n--- sample after {result.step} steps ---\n{result.sample}\n---")
     print(f"val loss {result.first_val_loss:.3f} -> {result.val_loss:.3f} (best {result.best_val_loss:.3f}), "
-          f"{result.tokens_per_s:,.0f} tokens/s")
+          f"{result.val_bpb:.3f} bits/byte, {result.tokens_per_s:,.0f} tokens/s, MFU {100 * result.mfu:.1f}%")
     print(f"checkpoint:  {result.checkpoint}")
     print(f"tensorboard: .venv/bin/tensorboard --logdir {out_dir / 'tb'}   (or `make tensorboard`)")
 

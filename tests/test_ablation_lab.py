@@ -88,7 +88,7 @@ def test_report_measures_each_run_and_regenerates_the_readme_block(tiny_sweep, t
         shards = sorted(Path(meta["data"]["dir"]).glob("val_*.bin"))
         tokens = np.concatenate([np.fromfile(f, dtype=np.uint16) for f in shards])
         T, trainer = meta["model_config"]["block_size"], meta["config"]["trainer"]
-        windows = eval_windows(len(tokens), T, trainer["eval_batches"] * trainer["batch_size"] * T)
+        windows = eval_windows(len(tokens), T, trainer["eval_tokens"])
         spans = zip(windows.starts.tolist(), windows.scored.tolist(), strict=True)
         targets = np.concatenate([tokens[start + 1 : start + T + 1][T - n :] for start, n in spans])
         assert len(targets) == r["scored_tokens"]

@@ -1,10 +1,12 @@
 """Data-parallel training on 2 CPU processes (gloo): DDP and FSDP2 against one process, same global batch.
 
-Two processes are started once for the whole module (their torch import is the expensive part) and run four
+Two processes are started once for the whole module (their torch import is the expensive part) and run a few
 short trainings in a row; the tests then compare what they wrote with single-process runs done here.
 
 The reference is an independent route to the same numbers: one process, one batch holding both ranks' micro-
 batches, so its gradient is one mean over all tokens, where DDP/FSDP average two per-rank means through gloo.
+With dropout the ranks draw their own masks, so the dropout runs are compared with themselves: 10 steps +
+resume + 10 steps against 20 straight, bit for bit.
 """
 
 from __future__ import annotations
@@ -19,17 +21,21 @@ import torch
 import torch.multiprocessing as mp
 from cli_helpers import run_script
 from safetensors.torch import load_file
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.load import read_checkpoint
 from minigpt.data.loader import BatchLoader
 from minigpt.errors import UserError
 from minigpt.training import trainer as trainer_module
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import process_group
-from minigpt.training.trainer import train
+from minigpt.training.distributed import gather_object, process_group
+from minigpt.training.run_folder import RunFolder
+from minigpt.training.trainer import Trainer, train
 
 STEPS, HALF = 6, 3
+DROP_STEPS, DROP_HALF = 20, 10  # the dropout runs
 # The two routes sum the same gradients in a different order (float32 rounding, ~1e-7 relative). Adam divides
 # by sqrt(v) + eps, so for the rare weight whose gradient is nearly zero, that rounding can move the update by
 # up to a few 1e-5 (seen: 1 weight in 35k at 4e-5). A real mistake (a missing all-reduce, a sum instead of a
@@ -39,6 +45,35 @@ ATOL, RTOL = 1e-4, 1e-4
 
 def _with(cfg: TrainConfig, **trainer_fields) -> TrainConfig:
     return dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, **trainer_fields))
+
+
+def _dropout_cfg(cfg: TrainConfig) -> TrainConfig:
+    """Dropout 0.1, DROP_STEPS steps, a checkpoint at DROP_HALF, a schedule that ignores max_steps."""
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.1),
+                              optim=dataclasses.replace(cfg.optim, decay_steps=DROP_STEPS))
+    return _with(cfg, max_steps=DROP_STEPS, eval_every=DROP_STEPS, ckpt_every=DROP_HALF, grad_accum_steps=1)
+
+
+def _outputs_cfg(cfg: TrainConfig) -> TrainConfig:
+    """The dropout config under FSDP, whose validation is 3 windows in batches of 1: ranks 0 and 1 score
+    2 and 1 of them, and rank 1 runs one uncounted forward to keep FSDP's collectives in step."""
+    drop = _dropout_cfg(cfg)
+    return _with(drop, strategy="fsdp", batch_size=1, eval_tokens=3 * cfg.model.block_size)
+
+
+def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
+    """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode,
+    and the validation score (summed over ranks)."""
+    trainer = Trainer(cfg, RunFolder(out, enabled=False), env=env)  # builds the run, writes nothing
+    model = trainer.model
+    x = (torch.arange(2 * cfg.model.block_size) % 200).view(2, -1)  # (2, T): the same batch on every rank
+    with torch.no_grad():
+        outputs = (model.train()(x)[0], model.eval()(x)[0])  # (2, T, V) each
+    gathered = gather_object(outputs, env)
+    score = trainer.evaluation.score()
+    if env.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"outputs": gathered, "score": dataclasses.asdict(score)}, out / "outputs.pt")
 
 
 def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) -> None:
@@ -54,6 +89,12 @@ def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) 
         train(_with(cfg, resume="auto"), root_dir / "ddp_resumed", env=env)
         # FSDP on CPU is slow per op (DTensor dispatch): evaluate and checkpoint only at the end.
         train(_with(cfg, strategy="fsdp", eval_every=STEPS, ckpt_every=STEPS), root_dir / "fsdp", env=env)
+        drop = _dropout_cfg(cfg)
+        train(drop, root_dir / "drop", env=env)
+        train(_with(drop, max_steps=DROP_HALF), root_dir / "drop_resumed", env=env)
+        train(_with(drop, resume="auto"), root_dir / "drop_resumed", env=env)
+        # FSDP: it shards whatever each rank initialised, without DDP's broadcast of rank 0's weights
+        _forward_outputs(_outputs_cfg(cfg), root_dir / "outputs", env)
 
 
 class TwoRankLoader:
@@ -100,6 +141,7 @@ def runs(tmp_path_factory):
     import torch._dynamo  # noqa: F401
 
     mp.start_processes(_worker, args=(2, _free_port(), str(root), cfg), nprocs=2, start_method="fork")
+    _forward_outputs(_outputs_cfg(cfg), root / "outputs_single", DistEnv())
     return root
 
 
@@ -131,6 +173,66 @@ def test_ddp_resume_is_exact(runs: Path):
     straight, resumed = _weights(runs / "ddp"), _weights(runs / "ddp_resumed")
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
+
+
+def test_dropout_masks_differ_between_ranks_after_the_same_initialisation(runs: Path):
+    (train0, eval0), (train1, eval1) = torch.load(runs / "outputs" / "outputs.pt")["outputs"]
+    [(_, eval_single)] = torch.load(runs / "outputs_single" / "outputs.pt")["outputs"]
+    # FSDP computes with every rank's shard: the same as one process only if every rank initialised alike
+    torch.testing.assert_close(eval0, eval_single, atol=1e-6, rtol=1e-6)
+    assert torch.equal(eval0, eval1)
+    assert not torch.equal(train0, eval0) and not torch.equal(train1, eval1)  # dropout is active
+    assert not torch.equal(train0, train1)  # each rank drew its own masks
+
+
+def test_validation_is_split_over_ranks_and_summed(runs: Path):
+    two = torch.load(runs / "outputs" / "outputs.pt")["score"]
+    one = torch.load(runs / "outputs_single" / "outputs.pt")["score"]
+    assert two["tokens"] == one["tokens"] == 3 * 32 and two["bytes"] == one["bytes"] > 0
+    assert two["nats"] == pytest.approx(one["nats"], rel=1e-6)
+
+
+def test_resume_with_dropout_on_two_ranks_is_exact(runs: Path):
+    straight, resumed = runs / "drop" / "checkpoints" / "last", runs / "drop_resumed" / "checkpoints" / "last"
+    assert ckpt.read_meta(resumed)["step"] == DROP_STEPS
+    a, b = _weights(runs / "drop"), _weights(runs / "drop_resumed")
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    opt_a, opt_b = ckpt.load_state(straight)["optimizer"], ckpt.load_state(resumed)["optimizer"]
+    assert opt_a["state"].keys() == opt_b["state"].keys()
+    for name, moments in opt_a["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(value, opt_b["state"][name][key]), (name, key)
+    rng = ckpt.load_state(straight)["rng"]  # one state per rank, and they differ
+    assert len(rng) == 2 and not torch.equal(rng[0]["torch"], rng[1]["torch"])
+
+
+def _scalars(run: Path, tag: str) -> dict[int, float]:
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def test_mfu_is_per_device(runs: Path):
+    """MFU = flops_per_token x tokens/s / (ranks x peak): compared through the logged inputs, not timings.
+
+    The single process and the 2 ranks train the same global batch, so MFU / tokens_per_s (both logged) must
+    be half as large on 2 ranks: each device did half the tokens.
+    """
+    per_token = {}
+    for name in ("single", "ddp"):
+        mfu = _scalars(runs / name, "throughput/mfu")
+        tokens_per_s = _scalars(runs / name, "throughput/tokens_per_s")
+        assert mfu.keys() == tokens_per_s.keys() and mfu
+        ratios = {step: mfu[step] / tokens_per_s[step] for step in mfu}
+        assert all(0 < v <= 1 for v in mfu.values())
+        per_token[name] = ratios
+    model = read_checkpoint(runs / "ddp")[0]
+    peak = 1e12  # device.peak_tflops=1
+    for step, ratio in per_token["single"].items():
+        assert ratio == pytest.approx(model.flops_per_token() / peak, rel=1e-5)
+        assert per_token["ddp"][step] == pytest.approx(ratio / 2, rel=1e-5)
 
 
 def test_fsdp_matches_one_process_and_its_checkpoint_generates(runs: Path, capsys):

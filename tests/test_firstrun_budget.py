@@ -46,7 +46,7 @@ def timed_trainer(cfg: TrainConfig, out: Path, step_s: float, eval_s: float = 10
     clock = FakeClock()
     env = env or DistEnv()
     trainer = Trainer(cfg, RunFolder(out, enabled=env.is_main), env=env, clock=clock)
-    draw, val_loss = trainer.loader.next_batch, trainer.evaluation.val_loss
+    draw, score = trainer.loader.next_batch, trainer.evaluation.score
     drawn = 0
 
     def next_batch():
@@ -57,11 +57,11 @@ def timed_trainer(cfg: TrainConfig, out: Path, step_s: float, eval_s: float = 10
             os.kill(os.getpid(), signal.SIGINT)  # GracefulStop: finish this step, save, return
         return draw()
 
-    def slow_val_loss():
+    def slow_score():
         clock.now += eval_s  # inside meter.paused(): must not count
-        return val_loss()
+        return score()
 
-    trainer.loader.next_batch, trainer.evaluation.val_loss = next_batch, slow_val_loss
+    trainer.loader.next_batch, trainer.evaluation.score = next_batch, slow_score
     return trainer
 
 

@@ -56,7 +56,12 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def rng_state() -> dict[str, Any]:
-    """Every random stream the run draws from, as tensors and plain Python (safe for `weights_only`)."""
+    """Every random stream this process draws from, as tensors and plain Python (safe for `weights_only`).
+
+    CUDA: the generator of the current device only (under torchrun each rank has its own device and saves
+    its own state; reading every device's would open a CUDA context on each of them from every rank), and
+    only once CUDA is in use, so a CPU run never initialises it. The trainer saves one of these per rank.
+    """
     np_state = np.random.get_state(legacy=False)
     state = {
         "python": random.getstate(),
@@ -65,20 +70,24 @@ def rng_state() -> dict[str, Any]:
                   "gauss": float(np_state["gauss"])},
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
     return state
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
+    """Restore what `rng_state` captured (in the process, and on the current CUDA device, it describes)."""
     random.setstate(_as_tuple(state["python"]))
     n = state["numpy"]
     np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
                          "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # older checkpoints: one state per visible device
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
 
 
 def _as_tuple(x: Any) -> Any:
@@ -264,13 +273,14 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
         )
 
 
-def load_state(ckpt: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """state.pt, loaded with `weights_only=True` (no arbitrary code runs while unpickling)."""
+def load_state(ckpt: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+    """state.pt, loaded with `weights_only=True` (no arbitrary code runs while unpickling); `mmap`: the
+    tensors stay in the file until used (a cheap look at the keys)."""
     file = ckpt / STATE
     if not file.is_file():
         raise UserError(f"checkpoint {str(ckpt)!r} has no {STATE}; it cannot be resumed from")
     try:
-        return torch.load(file, map_location=map_location, weights_only=True)
+        return torch.load(file, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         if "weights only load failed" not in str(e).lower():
             first = str(e).splitlines()[0][:200]

@@ -33,6 +33,7 @@ import logging
 import os
 import platform
 import shutil
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
@@ -73,17 +74,44 @@ class PreparedData:
         return self.tokenizer.vocab_size
 
 
+@dataclass(frozen=True)
+class GivenTokenizer:
+    """A tokenizer handed to `prepare_dataset` instead of a config (fine-tuning: the source checkpoint's).
+
+    It is identified in the fingerprint by the sha256 of the files it saves, so data tokenised by two
+    different tokenizers of one kind never share a cache folder.
+    """
+
+    tokenizer: Tokenizer
+    digest: str
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> GivenTokenizer:
+        h = hashlib.sha256()
+        with tempfile.TemporaryDirectory() as tmp:
+            tokenizer.save(Path(tmp))
+            for f in sorted(Path(tmp).rglob("*")):
+                if f.is_file():
+                    h.update(f"{f.relative_to(tmp).as_posix()}\0".encode() + f.read_bytes())
+        return cls(tokenizer, h.hexdigest())
+
+    @property
+    def kind(self) -> str:
+        return self.tokenizer.kind
+
+
 def prepare_dataset(
     data_cfg: DataConfig,
-    tokenizer_cfg: TokenizerConfig,
+    tokenizer_cfg: TokenizerConfig | GivenTokenizer,
     cache_root: Path | None = None,
     *,
     progress: bool = True,
 ) -> PreparedData:
     """Prepare (or verify and reuse) the token shards for this corpus and tokenizer.
 
-    `cache_root` defaults to `data_cfg.cache_dir`. In distributed training call this on rank 0 first and
-    on the other ranks after a barrier: they then find the finished folder.
+    `tokenizer_cfg` is the tokenizer to build, or a `GivenTokenizer` to use as it is. `cache_root`
+    defaults to `data_cfg.cache_dir`. In distributed training call this on rank 0 first and on the other
+    ranks after a barrier: they then find the finished folder.
     """
     cache_root = Path(cache_root if cache_root is not None else data_cfg.cache_dir)
     t0 = time.perf_counter()
@@ -132,7 +160,7 @@ def load_prepared(folder: Path) -> PreparedData:
     return PreparedData(folder, meta, load_tokenizer(folder / TOKENIZER_DIR))
 
 
-def config_key(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> str:
+def config_key(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig | GivenTokenizer) -> str:
     """A hash of the settings alone (no corpus content): how a cache is found when its corpus is gone."""
     data = {k: v for k, v in asdict(data_cfg).items() if k not in NOT_SHAPING}
     data["paths"] = [os.path.abspath(os.path.expanduser(p)) for p in data_cfg.paths]
@@ -140,14 +168,16 @@ def config_key(data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-def _tokenizer_settings(tokenizer_cfg: TokenizerConfig) -> dict[str, Any]:
+def _tokenizer_settings(tokenizer_cfg: TokenizerConfig | GivenTokenizer) -> dict[str, Any]:
+    if isinstance(tokenizer_cfg, GivenTokenizer):
+        return {"tokenizer": tokenizer_cfg.kind, "given_sha256": tokenizer_cfg.digest}
     settings: dict[str, Any] = {"tokenizer": tokenizer_cfg.kind}
     if tokenizer_cfg.kind == "bpe":
         settings |= {"vocab_size": tokenizer_cfg.bpe_vocab_size, "train_chars": tokenizer_cfg.train_chars}
     return settings
 
 
-def _fingerprint(corpus: Corpus | StreamedCorpus, tokenizer_cfg: TokenizerConfig) -> str:
+def _fingerprint(corpus: Corpus | StreamedCorpus, tokenizer_cfg: TokenizerConfig | GivenTokenizer) -> str:
     """sha256 over the format, the tokenizer settings that change ids, and the corpus' own lines."""
     h = hashlib.sha256()
     h.update(json.dumps({"format_version": FORMAT_VERSION, **_tokenizer_settings(tokenizer_cfg)},
@@ -163,7 +193,8 @@ def _damage(folder: Path, verify: str) -> str | None:
 
 
 def _build(
-    folder: Path, corpus: Corpus | StreamedCorpus, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig,
+    folder: Path, corpus: Corpus | StreamedCorpus, data_cfg: DataConfig,
+    tokenizer_cfg: TokenizerConfig | GivenTokenizer,
     *, progress: bool,
 ) -> dict[str, Any]:
     """Train/obtain the tokenizer, write both splits' shards; return meta.json's content (minus keys)."""
@@ -173,7 +204,10 @@ def _build(
         learn_from = (d.text for d in corpus.documents("train"))
     else:
         learn_from = (d.text for _, d in corpus.tagged_documents())
-    tokenizer = build_tokenizer(tokenizer_cfg, learn_from)
+    if isinstance(tokenizer_cfg, GivenTokenizer):
+        tokenizer = tokenizer_cfg.tokenizer
+    else:
+        tokenizer = build_tokenizer(tokenizer_cfg, learn_from)
     tokenizer.save(folder / TOKENIZER_DIR)
     t_tok = time.perf_counter() - t0
 
@@ -208,7 +242,8 @@ def _build(
         "tokenizer": {"kind": tokenizer.kind, "name": tokenizer.name, "dir": TOKENIZER_DIR,
                       "files": tokenizer_files},
         **corpus.describe(),
-        "config": {"data": asdict(data_cfg), "tokenizer": asdict(tokenizer_cfg)},
+        "config": {"data": asdict(data_cfg), "tokenizer": _tokenizer_settings(tokenizer_cfg)
+                   if isinstance(tokenizer_cfg, GivenTokenizer) else asdict(tokenizer_cfg)},
         "python": platform.python_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "timings_s": {"tokenizer": round(t_tok, 3), "encode": round(t_enc, 3)},
@@ -241,7 +276,8 @@ def _publish(tmp: Path, final: Path, verify: str) -> bool:
 
 
 def _reuse_without_sources(
-    cache_root: Path, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig, missing: SourceMissing
+    cache_root: Path, data_cfg: DataConfig, tokenizer_cfg: TokenizerConfig | GivenTokenizer,
+    missing: SourceMissing,
 ) -> PreparedData:
     """The corpus is gone: serve the newest folder prepared with the same settings, if it verifies."""
     key = config_key(data_cfg, tokenizer_cfg)

@@ -31,9 +31,29 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
-# Dense bf16/fp16 tensor-core peaks (TFLOP/s, no sparsity) for MFU, matched against the device name.
-GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0, "L4": 121.0,
-                    "RTX 4090": 165.0, "RTX 3090": 71.0, "V100": 125.0, "T4": 65.0}
+# Dense (no 2:4 sparsity) peak TFLOP/s of one GPU for each dtype its matmuls can run in, for MFU. Matched
+# against torch.cuda.get_device_name, longest key first ("A100" before "A10", "H100 PCIe" before "H100").
+# Sources: NVIDIA's product datasheets (H200, H100 SXM/PCIe, A100, L40S, L4, A10, V100, T4), whose tensor-core
+# figures marked "with sparsity" are halved here; the Ampere GA102 and Ada AD102 whitepapers for the GeForce
+# cards, taking "FP16/BF16 with FP32 accumulate" (what autocast runs; GeForce halves it against FP16
+# accumulate); the A10G (AWS's variant, no NVIDIA datasheet) from Baseten's A10-vs-A10G comparison. "tf32" is
+# float32 under device.tf32=true (torch.backends.cuda.matmul.allow_tf32), "fp32" without it. A dtype missing
+# from a row (V100 and T4 have no bf16 or TF32 units) falls back to a measured peak.
+GPU_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0},  # SXM
+    "H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "tf32": 378.0, "fp32": 51.0},
+    "H100": {"bf16": 989.5, "fp16": 989.5, "tf32": 494.5, "fp32": 67.0},  # SXM
+    "A100": {"bf16": 312.0, "fp16": 312.0, "tf32": 156.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "tf32": 183.0, "fp32": 91.6},
+    "A10G": {"bf16": 70.0, "fp16": 70.0, "tf32": 35.0, "fp32": 35.0},
+    "A10": {"bf16": 125.0, "fp16": 125.0, "tf32": 62.5, "fp32": 31.2},
+    "L4": {"bf16": 121.0, "fp16": 121.0, "tf32": 60.0, "fp32": 30.3},
+    "RTX 4090": {"bf16": 165.2, "fp16": 165.2, "tf32": 82.6, "fp32": 82.6},
+    "RTX 3090": {"bf16": 71.0, "fp16": 71.0, "tf32": 35.6, "fp32": 35.6},
+    "V100-PCIE": {"fp16": 112.0, "fp32": 14.0},
+    "V100": {"fp16": 125.0, "fp32": 15.7},  # SXM2
+    "T4": {"fp16": 65.0, "fp32": 8.1},
+}
 
 
 @dataclass
@@ -180,19 +200,34 @@ def _pick_dtype(name: str, device: torch.device, probe: Callable[[], MatmulProbe
     return dtype, f"device.dtype={name}"
 
 
-def datasheet_tflops(device: torch.device) -> float | None:
-    """Dense bf16 tensor-core TFLOP/s of a known CUDA device (GPU_PEAK_TFLOPS), else None."""
+def matmul_dtype_key(dtype: torch.dtype) -> str:
+    """The GPU_PEAK_TFLOPS column for matmuls in `dtype` on CUDA: float32 runs as TF32 when it is allowed."""
+    if dtype == torch.float32:
+        return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
+def datasheet_tflops(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float | None:
+    """Dense TFLOP/s of a known CUDA device for matmuls in `dtype` (GPU_PEAK_TFLOPS), else None."""
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    return next((tflops for key, tflops in GPU_PEAK_TFLOPS.items() if key in name), None)
+    keys = sorted(GPU_PEAK_TFLOPS, key=len, reverse=True)  # the most specific name first
+    row = next((GPU_PEAK_TFLOPS[key] for key in keys if key in name), None)
+    return None if row is None else row.get(matmul_dtype_key(dtype))
 
 
 def peak_flops(cfg: DeviceConfig, runtime: Runtime) -> float:
-    """The device's peak FLOP/s for MFU: configured, looked up for known GPUs, or measured with a matmul."""
+    """FLOP/s one device reaches with matmuls in `runtime.dtype` (the autocast dtype): MFU's denominator.
+
+    `device.peak_tflops` when set (meaning that dtype's peak), else the datasheet for a known GPU, else a
+    measured probe: the best rate of 512x512 matmuls in that dtype over 0.2 s (on a CPU under bf16
+    autocast, bf16 matmuls, ~100x slower than fp32 on CPUs without bf16 units). A probe is an estimate, not
+    a bound, so the MFU meter raises the peak to the model's own rate if it ever beats it (training/meter.py).
+    """
     if cfg.peak_tflops is not None:
         return cfg.peak_tflops * 1e12
-    tflops = datasheet_tflops(runtime.device)
+    tflops = datasheet_tflops(runtime.device, runtime.dtype)
     if tflops is not None:
         return tflops * 1e12
     return measure_matmul_flops(512, runtime.dtype, runtime.device, seconds=0.2)

@@ -99,8 +99,10 @@ def measure_run(run_dir: Path) -> RunMeasures:
     val = _prepared(meta, run_dir).split("val")
     trainer = meta.get("config", {}).get("trainer", {})
     batch_size = trainer.get("batch_size", 16)
-    # the trainer's own validation windows: its batch budget spread over the whole split
-    budget = trainer.get("eval_batches", 8) * batch_size * cfg.block_size
+    # the trainer's own validation windows: its budget spread over the whole split (eval_tokens; runs from
+    # before it existed had eval_batches batches)
+    budget = trainer.get("eval_tokens", trainer.get("eval_batches", 8) * batch_size * cfg.block_size)
+    budget = None if budget == "all" else budget
     windows = eval_windows(len(val), cfg.block_size, budget)
     evals = list(eval_batches(val, windows, batch_size, token_bytes=tokenizer.token_byte_lengths()))
     batches = [(b.x, b.y) for b in evals]

@@ -7,8 +7,9 @@ Nothing here is a hand-written table. One forward pass runs with
   encoding, make Q/K/V, split the heads, score, softmax, weigh the values, concatenate the heads
   and add the residuals — printed beside the line's own `# (B, H, T, D)` comment, so a wrong
   comment would stand out;
-- the same mode counts the FLOPs of every matrix multiply as it happens (2 per multiply-add) and
-  charges them to every module that is running, so each row shows what it really computed.
+- PyTorch's own FLOP counter (`torch.utils.flop_counter.FlopCounterMode`) counts every matrix multiply
+  as it runs (2 per multiply-add) and charges it to every module that is running, so each row shows what
+  it really computed.
 Attention runs through the `math` backend for the walk (the only one that materialises the (T, T)
 scores); it is restored afterwards.
 """
@@ -21,9 +22,9 @@ import sys
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from minigpt.model.attention import CausalSelfAttention
 from minigpt.model.ffn import ffn_hidden_size
@@ -51,22 +52,9 @@ class ShapeWalk:
     train_flops_per_token: int  # the model's own 6N + 12LCT estimate (what MFU uses)
 
 
-MATMULS = {torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm}
-
-
-def matmul_flops(func, args, out) -> int:
-    """FLOPs of one call if it is a matrix multiply (F.linear or a matmul), else 0; 2 per multiply-add."""
-    if func is F.linear:
-        x, weight = args[0], args[1]
-        return 2 * x.numel() * weight.shape[0]  # (..., in) @ (in, out): in multiply-adds per output
-    if func in MATMULS:
-        return 2 * out.numel() * args[0].shape[-1]  # (..., n, k) @ (..., k, m): k per output
-    return 0
-
-
 class _SourceLineOps(TorchFunctionMode):
-    """Sees every torch call of the forward pass: counts matmul FLOPs per running module, and attributes
-    the ops a minigpt module runs itself (not inside a child module) to its source lines.
+    """Sees every torch call of the forward pass and attributes the ops a minigpt module runs itself (not
+    inside a child module) to its source lines.
 
     The lines are what shows the stages that are not modules: embedding + PE, Q/K/V, heads, scores,
     weights·V, the concatenation, the residual additions.
@@ -75,16 +63,9 @@ class _SourceLineOps(TorchFunctionMode):
     def __init__(self, walk: list[Stage], module_stack: list[nn.Module]) -> None:
         super().__init__()
         self.walk, self.module_stack = walk, module_stack
-        self.flops: dict[nn.Module, int] = {}
-        self.total_flops = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        flops = matmul_flops(func, args, out)
-        if flops:
-            self.total_flops += flops
-            for m in self.module_stack:
-                self.flops[m] = self.flops.get(m, 0) + flops
         module = self.module_stack[-1] if self.module_stack else None
         file = _minigpt_source(module)
         if file is None:
@@ -152,7 +133,8 @@ def walk_shapes(model: GPT, batch_size: int = 2, seq_len: int | None = None) -> 
         for a in attns:
             a.record_probs = True  # route through the math backend, where the scores exist
         model.eval()
-        with torch.no_grad(), _SourceLineOps(stages, stack) as ops:
+        counter = FlopCounterMode(display=False)  # keys: "GPT.<module name>"
+        with torch.no_grad(), counter, _SourceLineOps(stages, stack):
             logits, _ = model(idx)
     finally:
         for h in handles:
@@ -161,11 +143,12 @@ def walk_shapes(model: GPT, batch_size: int = 2, seq_len: int | None = None) -> 
             a.record_probs, a.probs = False, None
         model.train(was_training)
     stages.append(Stage("logits", "output", 0, [tuple(logits.shape)]))
+    per_module = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
     for module, stage in rows.items():
-        stage.flops = ops.flops.get(module, 0)
+        stage.flops = per_module.get(f"{type(model).__name__}.{names[module]}", 0)
     dims = {"B": batch_size, "T": T, "C": cfg.n_embd, "H": cfg.n_head, "H_kv": cfg.kv_heads,
             "D": cfg.head_dim, "V": cfg.vocab_size, "L": cfg.n_layer, "F": ffn_hidden_size(cfg)}
-    return ShapeWalk(stages, dims, model.num_params(non_embedding=False), ops.total_flops,
+    return ShapeWalk(stages, dims, model.num_params(non_embedding=False), counter.get_total_flops(),
                      model.flops_per_token())
 
 

@@ -9,6 +9,7 @@ config is converted at start-up, before any tensor is allocated. No torch is imp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.device.config import DeviceConfig
@@ -73,17 +74,28 @@ class TrainerConfig:
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
     eval_every: int = 50  # also evaluates before the first step and after the last
-    eval_batches: int = 8  # fixed validation batches per evaluation
+    # Validation targets scored per evaluation, in fixed windows spread evenly over the whole val split
+    # (data/eval_windows.py), or `all`: every target once, the number scripts/evaluate.py stride=block_size
+    # gives. An int or the string "all" (OmegaConf has no int|str type, hence Any, checked below).
+    eval_tokens: Any = 16384
     ckpt_every: int = 100  # `last` checkpoint; also written at the end
     resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
+    # Fine-tune: start from the weights, model config and tokenizer of a checkpoint, run folder or Hugging
+    # Face GPT-2 folder, at step 0 with a fresh optimizer (training/finetune.py). None: from scratch.
+    init_from: str | None = None
     seed: int = 1337
     # Under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2: parameters, gradients and
     # optimizer state sharded across ranks). Ignored by a single process.
     strategy: str = "ddp"
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (keeping the last good checkpoint) | skip (that update)
 
+    @property
+    def eval_budget(self) -> int | None:
+        """`eval_tokens` as `eval_windows` takes it: a number of targets, or None for the whole split."""
+        return None if self.eval_tokens == "all" else int(self.eval_tokens)
+
     def __post_init__(self) -> None:
-        counts = ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "eval_batches", "ckpt_every")
+        counts = ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "ckpt_every")
         for name in counts:
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -92,6 +104,13 @@ class TrainerConfig:
             raise UserError("trainer.max_steps=null needs a time budget: set trainer.max_time (e.g. 3min)")
         if self.max_time is not None:
             parse_duration(self.max_time)  # a bad duration fails here, at start-up
+        n = self.eval_tokens
+        if n != "all" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise UserError(f"trainer.eval_tokens={n!r} must be a number of tokens (at least 1) or all "
+                            "(the whole val split)")
+        if self.init_from is not None and self.resume not in (None, "auto"):
+            raise UserError(f"trainer.init_from and trainer.resume={self.resume} both choose the starting "
+                            "weights; use one (trainer.resume=auto may continue a fine-tuning run)")
         if self.strategy not in STRATEGIES:
             raise UserError(f"trainer.strategy={self.strategy!r} is not one of: {', '.join(STRATEGIES)}")
         if self.on_nonfinite not in NONFINITE_POLICIES:

@@ -94,6 +94,16 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     return box[0]
 
 
+def gather_object(obj: Any, env: DistEnv) -> list[Any] | None:
+    """Every rank's `obj` (picklable), in rank order, on rank 0; None on the others. A collective (over gloo
+    when the group has it: the objects stay in CPU memory). Only between the run's own processes."""
+    if not env.enabled:
+        return [obj]
+    box = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, box, dst=0)
+    return box
+
+
 def any_rank(flag: bool, env: DistEnv) -> bool:
     """True on every rank if `flag` is true on any rank: the ranks decide together (to stop, to skip a step).
 
@@ -128,6 +138,15 @@ def mean_over_ranks(value: float, env: DistEnv) -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t.item() / env.world_size
+
+
+def sum_over_ranks(values: list[float], env: DistEnv) -> list[float]:
+    """Each of `values` summed over ranks (float64 on CPU: exact for counts up to 2^53), on every rank."""
+    if not env.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.tolist()
 
 
 @contextlib.contextmanager
@@ -252,7 +271,8 @@ def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
         return None
     from minigpt.model.factory import build_model
 
-    whole = build_model(model.config)
+    with torch.random.fork_rng(devices=[]):  # its init draws would shift rank 0's dropout stream
+        whole = build_model(model.config)
     whole.load_state_dict(weights)
     return whole
 

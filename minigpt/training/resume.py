@@ -4,10 +4,12 @@
     null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite)
     auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
     <path>        a checkpoint folder or run folder, continued in this (new) run folder
+                  (a checkpoint without optimizer state, like an imported one, is for trainer.init_from)
 
-Resuming restores everything a step depends on (weights, optimizer, loss scaler, RNG, the data stream's
-position, and the step and training time the lr schedule is a function of), so 10 steps + resume + 10 steps
-equals 20 straight steps. A time-budgeted run (`trainer.max_time`) continues with the budget it has left.
+Resuming restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG state,
+the data stream's position, and the step and training time the lr schedule is a function of), so 10 steps +
+resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A time-budgeted run
+(`trainer.max_time`) continues with the budget it has left.
 """
 
 from __future__ import annotations
@@ -41,7 +43,12 @@ def resume_source(cfg: TrainConfig, out_dir: Path) -> Path | None:
             return resolve_checkpoint(out_dir)
         return None
     if resume is not None:
-        return resolve_checkpoint(resume)
+        path = resolve_checkpoint(resume)
+        # memory-mapped: only the keys are read here, the tensors when the run loads them
+        if "optimizer" not in ckpt.load_state(path, mmap=True):  # e.g. scripts/import_gpt2.py's checkpoints
+            raise UserError(f"checkpoint {path} holds no optimizer state, so there is no run to resume; "
+                            f"fine-tune from it instead: trainer.init_from={path} (and no trainer.resume)")
+        return path
     if (folder / "last").exists() or (folder / ".last.old").exists():
         raise UserError(
             f"{out_dir} already holds a checkpoint; continue it with trainer.resume=auto, "
@@ -87,37 +94,49 @@ class Progress:
     first_val_loss: float = math.inf
     val_loss: float = math.inf  # of the latest evaluation
     best_val_loss: float = math.inf
+    val_bpb: float = math.nan  # bits per byte, of the latest evaluation
 
 
-def training_state(progress: Progress, optimizer_state: dict, scaler, loader) -> dict[str, Any]:
+def training_state(progress: Progress, optimizer_state: dict, scaler, loader,
+                   rng_states: list[dict[str, Any]]) -> dict[str, Any]:
     """state.pt's content: every stream a step depends on (plain tensors and containers only). The lr schedule
-    has no state of its own: it is a function of `step` and `train_seconds` (`optim.LRSchedule`)."""
+    has no state of its own: it is a function of `step` and `train_seconds` (`optim.LRSchedule`).
+
+    `rng_states[r]` is rank r's `ckpt.rng_state()`: the ranks draw different dropout masks, so each one
+    continues its own stream (the loader's stream is replayed per rank from rank 0's position instead).
+    """
     return {
         "step": progress.step, "tokens_seen": progress.tokens_seen, "train_seconds": progress.train_seconds,
         "first_val_loss": progress.first_val_loss, "best_val_loss": progress.best_val_loss,
         "optimizer": optimizer_state, "scaler": scaler.state_dict(),
-        "loader": loader.state_dict(), "rng": ckpt.rng_state(),
+        "loader": loader.state_dict(), "rng": rng_states,
     }
 
 
-def restore(state: dict[str, Any], model, optimizer, scaler, loader) -> Progress:
-    """Continue exactly where the checkpoint stopped: optimizer, RNG, data order, the schedule's inputs."""
+def restore(state: dict[str, Any], model, optimizer, scaler, loader, env: DistEnv) -> Progress:
+    """Continue exactly where the checkpoint stopped: optimizer, this rank's RNG, data order, the schedule's
+    inputs."""
     distributed.load_optimizer_state_dict(model, optimizer, state["optimizer"])
     scaler.load_state_dict(state["scaler"])
     loader.load_state_dict(state["loader"])  # ranks > 0 replay their own stream to the same point
-    ckpt.set_rng_state(state["rng"])
+    rng = state["rng"]  # a list by rank; older checkpoints hold one state, rank 0's
+    ckpt.set_rng_state(rng[env.rank] if isinstance(rng, list) else rng)
     # train_seconds: checkpoints written before time budgets existed have none, and spent nothing of one
     return Progress(step=state["step"], tokens_seen=state["tokens_seen"],
                     train_seconds=state.get("train_seconds", 0.0),
                     first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
 
 
-def checkpoint_meta(progress: Progress, cfg: TrainConfig, model, tokenizer, data, env: DistEnv) -> dict:
-    """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra)."""
+def checkpoint_meta(progress: Progress, cfg: TrainConfig, model, tokenizer, data, env: DistEnv,
+                    evaluation: dict) -> dict:
+    """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra),
+    and the latest validation numbers with what they were measured on (`evaluation`: windows, targets)."""
     p = progress
     return {
         "step": p.step, "tokens_seen": p.tokens_seen, "train_seconds": p.train_seconds,
         "val_loss": finite_or_none(p.val_loss), "best_val_loss": finite_or_none(p.best_val_loss),
+        "val_ppl": finite_or_none(math.exp(min(p.val_loss, 700.0))), "val_bpb": finite_or_none(p.val_bpb),
+        "eval": {**evaluation, "eval_tokens": cfg.trainer.eval_tokens},
         "model_config": dataclasses.asdict(model.config), "config": dataclasses.asdict(cfg),
         "tokenizer": {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "folder": ckpt.TOKENIZER},
         "data": {"dir": str(data.dir), "fingerprint": data.meta.get("fingerprint"),

@@ -1,8 +1,9 @@
 """TensorBoard logging: fixed, `/`-namespaced metric names; the x-axis is always the optimizer step.
 
-Scalars: train/loss, val/loss, val/best_loss, val/ppl, optim/lr, optim/grad_norm, throughput/tokens_per_s,
-throughput/mfu, throughput/step_s, mem/peak_gib, progress/tokens. Text: `config` (the resolved config as YAML)
-and `sample` (generated text at each evaluation).
+Scalars: train/loss, val/loss, val/best_loss, val/ppl, val/bpb (bits per byte), optim/lr, optim/grad_norm,
+throughput/tokens_per_s (all ranks), throughput/mfu (per device), throughput/step_s, mem/peak_gib,
+progress/tokens. Text: `config` (the resolved config as YAML) and `sample` (generated text at each
+evaluation).
 
 At the end, the HPARAMS tab gets the run's flattened config beside its final metrics. Those metrics are the
 run's own series (FINAL_METRICS): the hparams plugin shows the last value of each, which for val/loss is the
@@ -27,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 SCALAR_TAGS = (
-    "train/loss", "val/loss", "val/best_loss", "val/ppl", "optim/lr", "optim/grad_norm",
+    "train/loss", "val/loss", "val/best_loss", "val/ppl", "val/bpb", "optim/lr", "optim/grad_norm",
     "throughput/tokens_per_s", "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
 )
 TEXT_TAGS = ("config", "sample")
 # What the HPARAMS table shows for each run: the last point of these series (tokens/s: of the last interval).
-FINAL_METRICS = ("val/loss", "val/best_loss", "throughput/tokens_per_s")
+FINAL_METRICS = ("val/loss", "val/best_loss", "val/bpb", "throughput/tokens_per_s")
 
 
 class TensorBoardLogger:

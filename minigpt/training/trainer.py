@@ -32,9 +32,8 @@ import torch
 from omegaconf import OmegaConf
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.data.eval_windows import eval_batches, eval_windows
 from minigpt.data.loader import BatchLoader
-from minigpt.data.prepare import prepare_dataset
+from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
@@ -44,6 +43,7 @@ from minigpt.training.config import TrainConfig
 from minigpt.training.console import ProgressDisplay, is_terminal
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
+from minigpt.training.finetune import fine_tuning
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.run_folder import RunFolder
@@ -69,6 +69,8 @@ class TrainResult:
     interrupted: bool = False  # stopped early by SIGINT/SIGTERM, after writing `checkpoint`
     skipped_steps: int = 0  # updates skipped for a non-finite loss (trainer.on_nonfinite=skip)
     train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
+    val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
+    mfu: float = math.nan  # model FLOPs utilisation per device over the run
 
 
 def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
@@ -95,10 +97,28 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
 
 
 def seed_everything(seed: int) -> None:
-    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator)."""
+    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator).
+
+    The same on every rank, so every rank initialises the same weights (FSDP shards them without the
+    broadcast DDP does); `seed_rank_stream` then gives each rank its own dropout masks.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+DROPOUT_STREAM = 1  # keeps the dropout stream of (seed, rank) apart from the loader's (loader.stream_seed)
+
+
+def seed_rank_stream(seed: int, rank: int) -> None:
+    """After initialisation: torch's global RNG (dropout, on CPU and CUDA) gets a stream of its own per rank.
+
+    With one stream, every rank would draw the same masks for its different batch, which is less
+    regularisation than the same run on one device. SeedSequence mixes (seed, rank, stream) into unrelated
+    seeds; a resumed run restores each rank's saved state instead (resume.py).
+    """
+    entropy = np.random.SeedSequence([seed, rank, DROPOUT_STREAM]).generate_state(1, dtype=np.uint64)[0]
+    torch.manual_seed(int(entropy))
 
 
 class Trainer:
@@ -110,28 +130,34 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, run: RunFolder, *, env: DistEnv,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
         self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = resume.resume_source(cfg, self.out_dir)  # before any work: a bad path fails at once
+        resume_from = resume.resume_source(cfg, run.path)  # before any work: a bad path fails at once
+        cfg, init = fine_tuning(cfg, resume_from)  # trainer.init_from: the source's model config
+        self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
         # the first log line: device, dtype and why. Rank 0 runs (and caches) the CPU dtype probe first, so
         # the other ranks read its result and every rank chooses alike.
         with distributed.main_process_first(env):
             self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank,
                                            probe_cache=Path(cfg.data.cache_dir))
         if tc.resume == "auto" and resume_from is None:
-            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", self.out_dir)
+            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", run.path)
         device = self.runtime.device
         seed_everything(tc.seed)
 
         # tqdm bars only where they redraw in place (see console.py)
         bars = self.is_main and cfg.logging.progress_bar and is_terminal(sys.stderr)
+        tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it
-            self.data = prepare_dataset(cfg.data, cfg.tokenizer, Path(cfg.data.cache_dir), progress=bars)
+            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir), progress=bars)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
-        self.model = build_model(cfg.model, vocab_size=vocab).to(device)
+        self.model = build_model(cfg.model, vocab_size=vocab)
+        if init is not None and resume_from is None:
+            init.load_weights(self.model)
+        self.model.to(device)
+        seed_rank_stream(tc.seed, env.rank)
         state = resume.load_for_resume(resume_from, self.model, cfg, env) if resume_from is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
         # the training steps, while evaluation and sampling use `model`, so eval mode and growing sample
@@ -148,24 +174,18 @@ class Trainer:
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
-        val = self.data.split("val")
-        windows = eval_windows(len(val), block, max_tokens=tc.eval_batches * tc.batch_size * block)
-        val_batches = [(b.x, b.y) for b in eval_batches(val, windows, tc.batch_size, device=str(device),
-                                                        token_bytes=self.tokenizer.token_byte_lengths())]
-        if not val_batches:
-            raise UserError(f"the validation split of {self.data.dir} is shorter than one block of {block} "
-                            "tokens (lower model.block_size or use more data)")
-        self.evaluation = Evaluation(self.model, val_batches, self.runtime, env, self.tokenizer, cfg.logging,
-                                     tc.seed)
+        self.evaluation = Evaluation(self.model, self.data.split("val"), block, tc.eval_budget,
+                                     tc.batch_size, self.runtime, env, self.tokenizer, cfg.logging, tc.seed)
         self.progress = resume.Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
         self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
-                                     peak_flops(cfg.device, self.runtime), self.runtime.synchronize, clock)
+                                     peak_flops(cfg.device, self.runtime), env.world_size,
+                                     self.runtime.synchronize, clock)
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         if state is not None:
-            self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader)
+            self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
             log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
                      self.progress.step, f"{self.progress.tokens_seen:,}",
                      format_duration(self.progress.train_seconds))
@@ -214,12 +234,13 @@ class Trainer:
             log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
                         self.last_saved)
         elif not interrupted:
-            log.info("done: step %d after %s of training, val loss %.4f (best %.4f, first %.4f), %s tok/s",
-                     p.step, format_duration(p.train_seconds), p.val_loss, p.best_val_loss, p.first_val_loss,
-                     f"{tokens_per_s:,.0f}")
+            log.info("done: step %d after %s of training, val loss %.4f (best %.4f, first %.4f), "
+                     "%.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
+                     format_duration(p.train_seconds), p.val_loss, p.best_val_loss, p.first_val_loss,
+                     p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
                            sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
-                           p.train_seconds)
+                           p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu)
 
     def _agree(self, stop_requested: bool) -> tuple[bool, float]:
         """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's
@@ -260,20 +281,21 @@ class Trainer:
         display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s)
 
     def _evaluate(self) -> None:
-        """Validation loss (the same on every rank, so is the `best` decision), a sample, its reports."""
+        """Validation (the same on every rank, so is the `best` decision), a sample, their reports."""
         p = self.progress
         with self.meter.paused():
-            p.val_loss = self.evaluation.val_loss()
+            score = self.evaluation.score()
+            p.val_loss, p.val_bpb = score.loss, score.bpb
             if p.step == 0 or not math.isfinite(p.first_val_loss):
                 p.first_val_loss = p.val_loss
-            self.tb.scalars({"val/loss": p.val_loss, "val/ppl": math.exp(min(p.val_loss, 80.0)),
+            self.tb.scalars({"val/loss": p.val_loss, "val/ppl": score.perplexity, "val/bpb": p.val_bpb,
                              "progress/tokens": p.tokens_seen}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
             self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (tensorboard.py)
             of = "" if self.budget.max_steps is None else f"/{self.budget.max_steps}"
-            log.info("step %d%s: val loss %.4f (ppl %.1f)%s", p.step, of, p.val_loss,
-                     math.exp(min(p.val_loss, 80.0)), " best" if improved and p.step > 0 else "")
+            log.info("step %d%s: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step, of, p.val_loss,
+                     score.perplexity, p.val_bpb, " best" if improved and p.step > 0 else "")
             if improved and p.step > 0:
                 self._save("best")
             if p.step > 0:
@@ -294,12 +316,17 @@ class Trainer:
         model = distributed.whole_model(self.model, self.env)  # None on ranks > 0
         if self.is_main or distributed.is_sharded(self.model):  # a collective under FSDP
             optimizer_state = distributed.optimizer_state_dict(self.model, self.optimizer)
-        if not self.is_main:
-            return
-        p = self.progress
-        state = resume.training_state(p, optimizer_state, self.scaler, self.loader)
-        meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env)
-        self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
-        path = ckpt.save_checkpoint(self.out_dir / "checkpoints" / name, model, state, meta, self.tokenizer)
-        if name == "last":
-            self.last_saved, self.last_saved_step = path, self.progress.step
+        rng_states = distributed.gather_object(ckpt.rng_state(), self.env)  # every rank's own streams
+        if self.is_main:
+            p = self.progress
+            state = resume.training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
+            meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env,
+                                          self.evaluation.describe())
+            self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
+            folder = self.out_dir / "checkpoints" / name
+            path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
+            if name == "last":
+                self.last_saved, self.last_saved_step = path, p.step
+        # The ranks go on together once the checkpoint is on disk: a rank whose `train` returned first could
+        # otherwise look for it (trainer.resume=auto in the same process group) before it exists.
+        distributed.barrier(self.env)
