@@ -5,13 +5,9 @@ same `trainer.max_time` and no step limit, scores each finished run on the whole
 rows to a results JSON (docs/speedrun.json) and renders them as the README's "CPU speedrun" table between
 two markers. The table is never typed: a test checks that the README shows what the JSON renders to.
 
-Scoring is the exact loss of `scripts/evaluate.py stride=<block_size>`: every val token once, in disjoint
-windows of the model's context (`inspect/perplexity.py`), and
-
-    bits per byte = loss x scored tokens / ln 2 / UTF-8 bytes of the val documents
-
-which compares tokenizers fairly (a bigger vocabulary makes fewer, harder tokens). The end-of-text tokens
-between documents are scored but have no bytes; with ~500 documents in ~1M tokens they add well under 1%.
+Scoring is exactly `scripts/evaluate.py stride=<block_size>`: every val token once, in disjoint windows of
+the model's context, with its loss and bits per byte (`inspect/perplexity.py`: nats / ln 2 per UTF-8 byte of
+the scored text), which compares tokenizers fairly (a bigger vocabulary makes fewer, harder tokens).
 """
 
 from __future__ import annotations
@@ -19,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import shlex
@@ -29,8 +24,6 @@ from pathlib import Path
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import resolve_checkpoint
-from minigpt.data.config import DataConfig
-from minigpt.data.sources import load_corpus
 from minigpt.device.config import InferenceDeviceConfig
 from minigpt.errors import UserError
 from minigpt.inspect.config import EvaluateConfig
@@ -83,15 +76,12 @@ def score_run(run: Path, budget: str) -> Row:
     block = meta["model_config"]["block_size"]
     cfg = EvaluateConfig(checkpoint=str(run), stride=block, device=InferenceDeviceConfig("cpu"))
     result, _ = evaluate(cfg)
-    data = DataConfig(**meta["config"]["data"])
-    docs = list(load_corpus(data, Path(data.cache_dir)).documents("val"))
-    n_bytes = sum(len(d.text.encode("utf-8")) for d in docs)
     overrides = _job_overrides(run)
     own = [o for o in overrides if not o.startswith("trainer.max_time=") and o != NO_STEP_LIMIT]
     seconds = meta.get("train_seconds") or 0.0
     return Row(
         config=" ".join(own) or "default", budget=budget, val_loss=result.loss,
-        bits_per_byte=result.loss * result.tokens / math.log(2) / max(n_bytes, 1),
+        bits_per_byte=result.bpb,
         steps=meta["step"], tokens=meta["tokens_seen"], tokens_per_s=meta["tokens_seen"] / max(seconds, 1e-9),
         train_seconds=seconds, command=" ".join(["python scripts/train.py", *map(shlex.quote, overrides)]),
         machine=machine_name(), date=datetime.date.today().isoformat(),

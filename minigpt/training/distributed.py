@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,6 +130,14 @@ def max_over_ranks(values: list[float], env: DistEnv) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.tolist()
+
+
+def agree_on_stop(stop_requested: bool, seconds: float, env: DistEnv) -> tuple[bool, float]:
+    """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's training
+    clock `seconds` (the other ranks send -inf). Every rank then ends the run at the same step and sets the
+    same lr for the next one (an lr from each rank's own clock would let the replicas drift apart)."""
+    flag, seconds = max_over_ranks([float(stop_requested), seconds if env.is_main else -math.inf], env)
+    return flag > 0, seconds
 
 
 def mean_over_ranks(value: float, env: DistEnv) -> float:

@@ -20,14 +20,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import random
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -47,6 +45,7 @@ from minigpt.training.finetune import fine_tuning
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.run_folder import RunFolder
+from minigpt.training.seeding import seed_everything, seed_rank_stream
 from minigpt.training.signals import GracefulStop
 from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 from minigpt.training.tensorboard import TensorBoardLogger
@@ -94,31 +93,6 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
         return trainer.fit()
     finally:
         run.release()
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator).
-
-    The same on every rank, so every rank initialises the same weights (FSDP shards them without the
-    broadcast DDP does); `seed_rank_stream` then gives each rank its own dropout masks.
-    """
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-DROPOUT_STREAM = 1  # keeps the dropout stream of (seed, rank) apart from the loader's (loader.stream_seed)
-
-
-def seed_rank_stream(seed: int, rank: int) -> None:
-    """After initialisation: torch's global RNG (dropout, on CPU and CUDA) gets a stream of its own per rank.
-
-    With one stream, every rank would draw the same masks for its different batch, which is less
-    regularisation than the same run on one device. SeedSequence mixes (seed, rank, stream) into unrelated
-    seeds; a resumed run restores each rank's saved state instead (resume.py).
-    """
-    entropy = np.random.SeedSequence([seed, rank, DROPOUT_STREAM]).generate_state(1, dtype=np.uint64)[0]
-    torch.manual_seed(int(entropy))
 
 
 class Trainer:
@@ -213,7 +187,10 @@ class Trainer:
                     p.tokens_seen += self.tokens_per_step
                     self.meter.step_done()
                     display.step_done()
-                    stop_requested, p.train_seconds = self._agree(stop.requested)
+                    # every rank ends at the same step, with the lr of rank 0's training clock
+                    clock = self.seconds_before + self.meter.seconds
+                    stop_requested, p.train_seconds = distributed.agree_on_stop(stop.requested, clock,
+                                                                                self.env)
                     finished = self.budget.done(p.step, p.train_seconds)
                     if p.step % lc.log_every == 0 or finished:
                         self._log_interval(loss, grad_norm, lr, display)
@@ -241,14 +218,6 @@ class Trainer:
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
                            sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
                            p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu)
-
-    def _agree(self, stop_requested: bool) -> tuple[bool, float]:
-        """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's
-        training clock (the other ranks send -inf). Every rank then ends the run at the same step and sets the
-        same lr for the next one (an lr from each rank's own clock would let the replicas drift apart)."""
-        seconds = self.seconds_before + self.meter.seconds if self.is_main else -math.inf
-        flag, seconds = distributed.max_over_ranks([float(stop_requested), seconds], self.env)
-        return flag > 0, seconds
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
