@@ -4,7 +4,7 @@ Runs `scripts/train.py -m <overrides> trainer.max_time=<budget> trainer.max_step
 combination, one after the other), scores every job on the whole val split (stride = block), adds the rows to
 docs/speedrun.json and rewrites the README's table between its speedrun markers (minigpt/bench/speedrun.py).
 
-    python scripts/speedrun.py                                   # model=tiny,modern: the default vs modern
+    python scripts/speedrun.py                                   # model=demo,modern,tiny (the default first)
     python scripts/speedrun.py model=modern model.n_embd=128,192 optim.lr=2e-3,4e-3 optim.schedule=cosine,wsd
     python scripts/speedrun.py --render                          # only re-render README from the JSON
 
@@ -23,7 +23,7 @@ from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
 from minigpt.training.budget import parse_duration
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SWEEP = ["model=tiny,modern"]
+DEFAULT_SWEEP = ["model=demo,modern,tiny"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

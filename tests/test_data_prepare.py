@@ -56,8 +56,9 @@ def expected_split_text(meta: dict, split: str, corpus: Path) -> str:
 def test_bins_decode_to_the_exact_corpus(tmp_path: Path, kind: str, vocab: int) -> None:
     corpus = make_corpus(tmp_path / "corpus")
     tok_cfg = TokenizerConfig(kind=kind, vocab_size=vocab or None)
-    # a small shard size: every split spans several shards, documents cross shard boundaries
-    cfg = text_cfg(corpus, shard_tokens=700)
+    # a small shard size: every split spans several shards, documents cross shard boundaries (small enough
+    # for any vocabulary: rustbpe's merges, and so the token count, may differ from one training to the next)
+    cfg = text_cfg(corpus, shard_tokens=300)
     prepared = prepare_dataset(cfg, tok_cfg, tmp_path / "cache", progress=False)
     meta = prepared.meta
     assert prepared.dir.name.startswith(f"text-{kind}-") and prepared.dir.parent == tmp_path / "cache"
@@ -72,7 +73,7 @@ def test_bins_decode_to_the_exact_corpus(tmp_path: Path, kind: str, vocab: int) 
         tokens = split_tokens(prepared, split)
         shards = meta["shards"][split]
         assert [r["file"] for r in shards] == [f"{split}_{i:03d}.bin" for i in range(len(shards))]
-        assert all(r["tokens"] == 700 for r in shards[:-1]) and 0 < shards[-1]["tokens"] <= 700
+        assert all(r["tokens"] == 300 for r in shards[:-1]) and 0 < shards[-1]["tokens"] <= 300
         assert len(tokens) == meta["tokens"][split] == len(prepared.split(split))
         assert np.array_equal(prepared.split(split).read(0, len(tokens)), tokens)
         assert tokens[0] == prepared.tokenizer.eot_id

@@ -355,8 +355,8 @@ def _nothing(world: Path, tmp_path: Path, monkeypatch):
 
 
 def test_multirun_under_torchrun_is_refused_on_every_rank(tmp_path: Path):
-    """The real `torchrun`: rank 0 says why in one line, rank 1 exits quietly; torchrun itself then adds its
-    own report that a worker failed (not ours to change)."""
+    """The real `torchrun`: rank 0 says why in one line, rank 1 exits quietly (status 0: rank 0 fails the
+    job); torchrun then adds its own report that a worker failed (not ours to change)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",

@@ -21,6 +21,7 @@ from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training import finetune
+from minigpt.training.config import TrainConfig
 from minigpt.training.finetune import InitFrom
 from minigpt.training.optim import LRSchedule
 from minigpt.training.trainer import train
@@ -88,7 +89,7 @@ def test_the_run_starts_from_the_source_weights(hf_gpt2, monkeypatch):
     root, hf = hf_gpt2
     monkeypatch.setattr(finetune, "build_tokenizer", lambda cfg: ByteTokenizer())
     init = InitFrom.open(str(root / "hf"))
-    cfg = init.model_config(dataclasses.replace(ModelConfig(), block_size=32))
+    cfg = init.model_config(dataclasses.replace(TrainConfig().model, block_size=32))
     model = build_model(cfg, vocab_size=init.tokenizer(TokenizerConfig()).vocab_size)
     init.load_weights(model)
     idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
@@ -132,13 +133,18 @@ def test_which_model_keys_a_fine_tuning_run_may_change(tmp_path: Path):
     source = ModelConfig(n_layer=3, n_head=2, n_embd=32, block_size=64, vocab_size=300, dropout=0.2,
                          pos_encoding="rope")
     init = InitFrom(tmp_path / "src", False, source)
-    run = init.model_config(ModelConfig(block_size=16, attention="math"))
+
+    def command_line(**overrides) -> ModelConfig:  # the run's model config: the default's, plus overrides
+        return dataclasses.replace(TrainConfig().model, **overrides)
+
+    run = init.model_config(command_line(block_size=16, attention="math"))
     assert (run.n_layer, run.n_embd, run.pos_encoding, run.vocab_size) == (3, 32, "rope", 300)
     assert (run.block_size, run.attention, run.dropout) == (16, "math", 0.0)  # dropout: this run's
-    for bad, key in [(ModelConfig(n_layer=6), "model.n_layer=6"), (ModelConfig(norm="rmsnorm"), "model.norm"),
-                     (ModelConfig(vocab_size=512), "model.vocab_size=512")]:
+    for bad, key in [(command_line(n_layer=6), "model.n_layer=6"),
+                     (command_line(norm_placement="post"), "model.norm_placement"),
+                     (command_line(vocab_size=512), "model.vocab_size=512")]:
         with pytest.raises(UserError, match=f"{key}.*cannot change when fine-tuning"):
             init.model_config(bad)
     with pytest.raises(UserError, match="model.block_size=256 is longer than the context"):
-        init.model_config(ModelConfig(block_size=256))
-    assert init.model_config(ModelConfig(n_layer=3)).n_layer == 3  # the source's value may be restated
+        init.model_config(command_line(block_size=256))
+    assert init.model_config(command_line(n_layer=3)).n_layer == 3  # the source's value may be restated

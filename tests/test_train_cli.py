@@ -47,7 +47,7 @@ def test_cli_multirun_sweep(tmp_path: Path, corpus_dir: Path):
 
 @pytest.mark.parametrize("override, needle", [
     ("trainer.max_stepz=3", "Could not override 'trainer.max_stepz'"),  # unknown key: Hydra's composition
-    ("model.n_embd=102", "model.n_embd=102 must be divisible by model.n_head"),  # bad value: validation
+    ("model.n_embd=97", "model.n_embd=97 must be divisible by model.n_head"),  # bad value: validation
 ])
 def test_cli_bad_input_fails_with_one_line(override: str, needle: str, tmp_path: Path):
     proc = _run(override, f"hydra.run.dir={tmp_path / 'run'}")

@@ -99,7 +99,7 @@ def test_experiments_switch_what_they_say(experiment: str):
 def test_defaults_are_the_documented_ones():
     cfg = to_object(compose_train(), TrainConfig)
     assert (cfg.data.source, cfg.tokenizer.kind, cfg.tokenizer.bpe_vocab_size) == ("pystdlib", "bpe", 4096)
-    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.device.type) == (4, 128, "auto")
+    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.device.type) == (4, 96, "auto")
 
 
 @pytest.mark.parametrize("override, message", [

@@ -95,7 +95,8 @@ def _cosine(step: int, progress: float, peak: float, floor_ratio: float, warmup:
 
 def test_lr_schedule_matches_formula():
     peak, floor = 0.01, 0.001  # min_lr_ratio 0.1
-    lrs = _lrs(OptimConfig(lr=peak, warmup_steps=10, min_lr_ratio=0.1), max_steps=110, n=130)
+    cfg = OptimConfig(lr=peak, warmup_steps=10, min_lr_ratio=0.1, schedule="cosine")
+    lrs = _lrs(cfg, max_steps=110, n=130)
     assert lrs[0] == pytest.approx(peak / 10)  # first warmup step: 1/10 of the peak (the decay is still 1)
     assert lrs[4] == pytest.approx(peak * 5 / 10 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 4 / 110))))
     assert lrs[55] == pytest.approx(floor + (peak - floor) * 0.5)  # half way: cos(pi/2) = 0
@@ -106,7 +107,8 @@ def test_lr_schedule_matches_formula():
 
 
 def test_lr_schedule_decay_steps_overrides_max_steps():
-    lrs = _lrs(OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, decay_steps=40), max_steps=10, n=41)
+    cfg = OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, decay_steps=40, schedule="cosine")
+    lrs = _lrs(cfg, max_steps=10, n=41)
     assert lrs[0] == pytest.approx(1.0)
     assert lrs[20] == pytest.approx(0.5)
     assert lrs[40] == pytest.approx(0.0)

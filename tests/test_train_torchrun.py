@@ -48,7 +48,7 @@ def test_torchrun_trains_in_one_run_folder_and_resumes(tmp_path: Path, corpus_di
 
 
 def test_torchrun_bad_override_fails_on_every_rank_without_training(tmp_path: Path):
-    proc = _torchrun(tmp_path, "model.n_embd=102", f"hydra.run.dir={tmp_path / 'run'}")
+    proc = _torchrun(tmp_path, "model.n_embd=97", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode != 0
-    assert "error: model.n_embd=102" in proc.stderr
+    assert "error: model.n_embd=97" in proc.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

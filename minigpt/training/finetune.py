@@ -11,9 +11,9 @@ Model keys of the run:
                                 block_size rows of wpe are kept; rope and sinusoidal tables are rebuilt)
     anything else               the source's; setting one to another value is refused, naming the key
 
-"Set" means a value other than the default model preset's (`ModelConfig()`, which is what the composed
-`model` group holds when you give no model override): the config cannot tell a default from a value typed
-equal to it, so `model.block_size=128` (the default) reads as not set.
+"Set" means a value other than the default run's model (`TrainConfig().model`, the `demo` preset: what
+the composed `model` group holds when you give no model override): the config cannot tell a default from a
+value typed equal to it, so `model.block_size=128` (the default) reads as not set.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ class InitFrom:
 
     def model_config(self, run: ModelConfig) -> ModelConfig:
         """The run's model config: the source's, with the keys a fine-tuning run may change (module doc)."""
-        default, changes = ModelConfig(), {name: getattr(run, name) for name in RUN_KEYS}
+        default, changes = TrainConfig().model, {name: getattr(run, name) for name in RUN_KEYS}
         for field in dataclasses.fields(ModelConfig):
             name, mine, theirs = field.name, getattr(run, field.name), getattr(self.config, field.name)
             if name in RUN_KEYS or mine == getattr(default, name) or mine == theirs:

@@ -80,7 +80,9 @@ class Launch:
         others follow it. torch is imported only where a process group is needed: `--help` stays quick."""
         if self.env.enabled and {"-m", "--multirun"} & set(argv):  # every rank sees the same argv
             if not self.env.is_main:
-                sys.exit(USER_ERROR_EXIT_CODE)  # rank 0 says why
+                # rank 0 says why and fails the job; a failing exit here could make torchrun stop
+                # rank 0 before it has printed (a race the suite once lost)
+                sys.exit(0)
             exit_with_error(f"a Hydra multirun (-m) cannot run under {self.env.launcher}; start the sweep "
                             "with plain `python scripts/train.py -m ...` (hydra/launcher=slurm gives each "
                             "job processes of its own), or one torchrun per setting")
