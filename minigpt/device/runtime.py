@@ -94,9 +94,10 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path
     device = _pick_device(cfg.type, local_rank)
     dtype, why = _pick_dtype(cfg.dtype, device, lambda: cpu_probe(probe_cache))
     # CPU, measured on this project's 2-core machine (`bench.py --only compile`; README, Performance): the
-    # default run's model compiles in 40-140 s on a first run (4 s once Inductor's disk cache holds it) and
-    # then steps 1.02-1.2x faster; on one thread that is won back after ~5900 steps (~570 with the cache)
-    # against the 400 of a `make train`. It also needs a C++ toolchain. On CUDA compiling pays in minutes.
+    # default run's model compiles in 24 s (4 s once Inductor's disk cache holds it) and then steps 1.33x
+    # faster, won back within one `make train` on the quiet machine; the previous default measured 1.02x.
+    # It stays opt-in on CPU because it needs a C++ toolchain at run time, which a first user may not have
+    # and should not need. On CUDA compiling pays in minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
     problem = compile_problem(device) if compile_model else None
     if problem and cfg.compile:
