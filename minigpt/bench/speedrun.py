@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -24,7 +22,9 @@ from pathlib import Path
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import resolve_checkpoint
+from minigpt.data.encode import cpu_count
 from minigpt.device.config import InferenceDeviceConfig
+from minigpt.device.probe import cpu_model
 from minigpt.errors import UserError
 from minigpt.inspect.config import EvaluateConfig
 from minigpt.inspect.perplexity import evaluate
@@ -102,16 +102,7 @@ def machine_name() -> str:
     """`AMD EPYC 7763 64-Core Processor, 2 cores, torch 2.13.0`: what the throughput numbers depend on."""
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{cpu}, {cores} cores, torch {torch.__version__}"
+    return f"{cpu_model()}, {cpu_count()} cores, torch {torch.__version__}"
 
 
 # ---------------------------------------------------------------------------------------------- results

@@ -124,18 +124,21 @@ class MatmulProbe:
         return self.bf16_flops / self.fp32_flops
 
 
-def machine_key() -> str:
-    """What the probe's result depends on: the CPU model, its vector ISA as torch sees it, and torch."""
-    model = platform.processor() or platform.machine()
+def cpu_model() -> str:
+    """The CPU's model name (`AMD EPYC 7763 64-Core Processor`) from /proc/cpuinfo; elsewhere platform's."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
-        pass  # not Linux: platform's description
+        pass  # not Linux
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> str:
+    """What the probe's result depends on: the CPU model, its vector ISA as torch sees it, and torch."""
     capability = torch.backends.cpu.get_cpu_capability()
-    return f"{model} | {capability} | torch {torch.__version__}"
+    return f"{cpu_model()} | {capability} | torch {torch.__version__}"
 
 
 def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
