@@ -66,4 +66,4 @@ def check_launcher_installed(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     check_launcher_installed(sys.argv[1:])
-    Launch.from_environ().run(lambda: run_cli(main), sys.argv[1:])
+    Launch.from_environ().run_process(lambda: run_cli(main), sys.argv[1:])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,24 +38,42 @@ LAST = Path("checkpoints") / "last"
 
 
 def _two_nodes(root: Path, *args: str) -> list[subprocess.CompletedProcess]:
-    """`torchrun --nnodes=2 ... --node_rank=i scripts/train.py args` for i = 0, 1, at the same time."""
+    """`torchrun --nnodes=2 ... --node_rank=i scripts/train.py args` for i = 0, 1, at the same time.
+
+    Each node writes into files of its own, read once both have ended: a pipe that nobody drains can stall
+    the node that fills it, and with it the other. A node that fails ends the other at once, which would
+    otherwise wait for it in torchrun's exit barrier (5 minutes); so does the time limit.
+    """
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("HYDRA_FULL_ERROR", None)
     port = free_port()
-    procs = []
+    procs, outputs = [], []
     for node in (0, 1):
         cwd = root / f"node{node}"
         cwd.mkdir(exist_ok=True)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}",
                str(ROOT / "scripts" / "train.py"), *args]
-        procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                      text=True))
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        results.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    return results
+        out, err = (root / f"node{node}.{stream}" for stream in ("out", "err"))
+        with out.open("w") as out_file, err.open("w") as err_file:  # the child keeps its own descriptors
+            procs.append(subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out_file, stderr=err_file,
+                                          start_new_session=True))  # its own group: torchrun and its worker
+        outputs.append((out, err))
+    deadline = time.monotonic() + 300
+    while any(p.poll() is None for p in procs):
+        if any(p.returncode for p in procs) or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait()
+        time.sleep(0.1)
+    return [subprocess.CompletedProcess(p.args, p.returncode, out.read_text(), err.read_text())
+            for p, (out, err) in zip(procs, outputs, strict=True)]
+
+
+def _succeeded(results: list[subprocess.CompletedProcess]) -> None:
+    for node, proc in enumerate(results):
+        assert proc.returncode == 0, f"node {node} exited {proc.returncode}: {proc.stderr[-3000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +86,14 @@ def runs(tmp_path_factory):
                   for n in (HALF, STEPS))
     train_two_ranks([(half, root / "one_node_half"), (full, root / "one_node")])  # also prepares the data
     run = root / "run"
-    first = _two_nodes(root, *common, f"trainer.max_steps={HALF}", f"hydra.run.dir={run}")
+    _succeeded(_two_nodes(root, *common, f"trainer.max_steps={HALF}", f"hydra.run.dir={run}"))
     halfway = {"writers": event_writers(run), "meta": json.loads((run / LAST / "meta.json").read_text())}
     shutil.copy(run / LAST / "model.safetensors", root / "halfway.safetensors")  # resume overwrites `last`
-    return root, first, halfway, common
+    return root, halfway, common
 
 
 def test_two_nodes_train_one_run_like_one_node_with_two_ranks(runs):
-    root, first, halfway, _ = runs
-    for node, proc in enumerate(first):
-        assert proc.returncode == 0, f"node {node}: {proc.stderr[-3000:]}"
+    root, halfway, _ = runs
     run = root / "run"
     assert (run / ".hydra" / "config.yaml").is_file() and (run / "train.log").is_file()
     assert len(halfway["writers"]) == 1  # one process, global rank 0, wrote TensorBoard events
@@ -88,12 +105,11 @@ def test_two_nodes_train_one_run_like_one_node_with_two_ranks(runs):
 
 
 def test_two_nodes_resume_and_match_one_node(runs):
-    root, _, _, common = runs
+    root, _, common = runs
     run = root / "run"
     second = _two_nodes(root, *common, f"trainer.max_steps={STEPS}", "trainer.resume=auto",
                         f"hydra.run.dir={run}")
-    for node, proc in enumerate(second):
-        assert proc.returncode == 0, f"node {node}: {proc.stderr[-3000:]}"
+    _succeeded(second)
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
     assert (meta["step"], meta["world_size"]) == (STEPS, 2)
     assert "resumed from" in (run / "train.log").read_text()
