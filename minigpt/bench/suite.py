@@ -23,7 +23,6 @@ what the peak already says.
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ from minigpt.bench.peak import bench_peak
 from minigpt.bench.train_loop import bench_train_loop
 from minigpt.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
 from minigpt.data.config import DataConfig
+from minigpt.data.encode import cpu_count
 from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
@@ -89,7 +89,7 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
               log=print) -> dict:
     """Run `sections` in order; returns {"machine": ..., "sections": {name: result}}."""
     start = time.perf_counter()
-    cpu = f"CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
+    cpu = f"CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}, {cpu_count()} cores)"
     results: dict = {
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,

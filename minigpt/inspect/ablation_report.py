@@ -13,7 +13,6 @@ measured (generated from the numbers, against the baseline).
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 from matplotlib.figure import Figure
 
+from minigpt.data.encode import cpu_count
 from minigpt.errors import UserError
 from minigpt.inspect.ablation import (
     PROMPT_TOKENS,
@@ -106,7 +106,7 @@ def write_report(sweep_dir: Path, readme: Path | None = None, docs_dir: Path = P
         raise UserError(f"{sweep_dir} has no baseline run first (found {run_name(runs[0])!r}); run the lab "
                         "with `make ablation`, which trains experiment=ablation/baseline as job 0")
     results = [measure_run(run) for run in runs]
-    doc = {"machine": f"{os.cpu_count()} CPU cores, torch {torch.__version__}", "sweep": str(sweep_dir),
+    doc = {"machine": f"{cpu_count()} CPU cores, torch {torch.__version__}", "sweep": str(sweep_dir),
            "references": reference_losses(runs[0]),
            "runs": [r.to_dict() for r in results]}
     json_path = sweep_dir / "ablation.json"
