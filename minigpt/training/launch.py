@@ -117,14 +117,15 @@ class Launch:
         if not self.env.enabled:
             self.run(rank0_main, argv)
             return
+        code: object = None
         try:
             self.run(rank0_main, argv)
-            code = 0
         except SystemExit as e:  # exit_with_error, Hydra's --help, Ctrl-C before training
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
-        leave_process(code)
+            code = e.code
+        if code is not None and not isinstance(code, int):  # what Python does with sys.exit(message)
+            print(code, file=sys.stderr)
+            code = 1
+        leave_process(code or 0)
 
     def share(self, job: Job | None) -> None:
         """Rank 0: hand the config and the run folder (or None: nothing to train) to the other ranks, once."""
