@@ -8,7 +8,7 @@ TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only build instead of pip's default
 
 .DEFAULT_GOAL := help
-.PHONY: help install test lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
+.PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
 	device-wheels
 
 help: ## list the targets
@@ -27,6 +27,9 @@ install: .venv/installed ## create .venv (if missing) and install minigpt with i
 
 test: install ## run the whole test suite
 	$(PY) -m pytest
+
+test-fast: install ## the inner loop: every test that starts no process and trains nothing, on 2 workers
+	$(PY) -m pytest -m "not slow" -n 2
 
 lint: install ## ruff check
 	$(PY) -m ruff check .
@@ -52,7 +55,7 @@ bench: install ## measure training and generation speed against the reference
 speedrun: install ## the CPU speedrun: train candidate configs for a fixed time each, tabulate them in README
 	$(PY) scripts/speedrun.py $(ARGS)
 
-docs: install ## regenerate the tool outputs checked in under docs/ (tests/test_docs.py keeps them current)
+docs: install ## regenerate the tool outputs checked in under docs/ (tests/project/test_docs.py keeps them current)
 	$(PY) scripts/update_docs.py
 
 # The ablation lab: every file of configs/experiment/ablation/ (a test checks the list), the baseline first

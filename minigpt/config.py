@@ -24,8 +24,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from minigpt.data.config import PrepareConfig
 from minigpt.errors import UserError, exit_with_error, unwritable_path_message
-from minigpt.generation.config import GenerateConfig, TemperatureConfig
-from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig, ShapeWalkConfig
+from minigpt.generation.config import GenerateConfig
+from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
+from minigpt.lab.config import ShapeWalkConfig, TemperatureConfig
 from minigpt.training.config import TrainConfig
 
 # Schema name (the first entry of each primary YAML's defaults list) -> root dataclass.

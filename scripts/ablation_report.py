@@ -7,7 +7,7 @@ Examples:
 
 Measures each run's final checkpoint (val loss, bits per byte, per-layer gradient norms and attention
 entropy, greedy and sampled continuations) and writes ablation.json, ablation.md and ablation.png into the
-sweep folder (minigpt/inspect/ablation_report.py). --readme also copies the JSON and the figure into docs/
+sweep folder (minigpt/lab/ablation_report.py). --readme also copies the JSON and the figure into docs/
 and regenerates the README's "What breaks without ..." block. Without SWEEP: the newest under
 outputs/ablation. Bad input ends with one line on stderr and exit code 2.
 """
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     # the checkpoints' own ablation warnings are the point of the lab, not news: keep the console short
     logging.basicConfig(level=logging.ERROR, format="%(message)s")
-    from minigpt.inspect.ablation_report import write_report
+    from minigpt.lab.ablation_report import write_report
 
     try:
         if args.readme is not None and not args.readme.is_file():

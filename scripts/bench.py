@@ -2,7 +2,7 @@
 
 Prints a table (medians with min-max of interleaved repeats, ratios to the Hugging Face reference)
 and, with --json-out, writes the same numbers as JSON. The sections and their sizes are described
-in minigpt/bench/suite.py; `make bench ARGS="--quick"` passes flags through.
+in minigpt/lab/bench/suite.py; `make bench ARGS="--quick"` passes flags through.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from minigpt.bench.sections import ALIASES, EXTRA_SECTIONS, SECTIONS, select_sections
 from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
+from minigpt.lab.bench.sections import ALIASES, EXTRA_SECTIONS, SECTIONS, select_sections
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch  # after parsing: `--help` answers without it
 
-    from minigpt.bench.report import format_report, write_json
-    from minigpt.bench.suite import run_suite
+    from minigpt.lab.bench.report import format_report, write_json
+    from minigpt.lab.bench.suite import run_suite
 
     try:
         sections = select_sections(args.only)

@@ -1,6 +1,6 @@
 """Sample from a trained model: `python scripts/generate.py [key=value ...]` (see configs/generate.yaml).
 
-Thin on purpose: compose the config, convert it once, and call the library (minigpt/generation/cli.py).
+Thin on purpose: compose the config, convert it once, and call the library (minigpt/generation/run.py).
 Samples go to stdout (streamed), the summary line to stderr; the samples are also saved in the run folder.
 Bad input ends with one line on stderr and exit code 2; HYDRA_FULL_ERROR=1 shows Hydra's full report instead.
 """
@@ -31,7 +31,7 @@ def _read_line() -> str | None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="generate")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
-    from minigpt.generation.cli import load_for_generation, run_interactive, run_samples
+    from minigpt.generation.run import load_for_generation, run_interactive, run_samples
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, GenerateConfig)

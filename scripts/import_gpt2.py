@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--export", action="store_true", help="minigpt checkpoint -> HF folder")
     p.add_argument("--tokenizer", type=Path, default=None, help="a minigpt tokenizer folder (import only)")
     args = p.parse_args(argv)
-    from minigpt.checkpoint.hf import export_checkpoint, import_to_checkpoint
+    from minigpt.interop.hf_checkpoint import export_checkpoint, import_to_checkpoint
 
     try:
         if args.export:

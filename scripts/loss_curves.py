@@ -6,7 +6,7 @@ Examples:
     python scripts/loss_curves.py outputs/train/<date>/<t1> outputs/train/<date>/<t2> --out cmp.png
 
 Train loss (solid), val loss (dashed) and the learning rate against the optimizer step; the legend shows
-each run's command-line overrides (minigpt/inspect/loss_curves.py). A pure file tool, so plain arguments
+each run's command-line overrides (minigpt/lab/loss_curves.py). A pure file tool, so plain arguments
 rather than Hydra; bad input ends with one line on stderr and exit code 2.
 """
 
@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--title", default="", help="figure title (default: the overrides all runs share)")
     args = p.parse_args(argv)
     from minigpt.checkpoint.load import find_latest_checkpoint
-    from minigpt.inspect.loss_curves import load_runs, plot_loss_curves
     from minigpt.inspect.plotting import save_png
+    from minigpt.lab.loss_curves import load_runs, plot_loss_curves
 
     try:
         # the newest checkpoint's run folder: <run>/checkpoints/last -> <run>

@@ -2,7 +2,7 @@
 
 Three panels: the sinusoidal table as a heatmap, and the dot product PE(pos)·PE(pos+k) against the
 offset k for sinusoidal PE and for RoPE, drawn from several starting positions — the curves coincide
-because both encodings see only the offset (minigpt/inspect/pe_plots.py). A pure file tool, so plain
+because both encodings see only the offset (minigpt/lab/pe_plots.py). A pure file tool, so plain
 flags rather than Hydra; bad input ends with one line on stderr and exit code 2.
 """
 
@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--starts", type=int, nargs="+", default=[0, 17, 60], help="positions to start from")
     p.add_argument("--out", type=Path, default=Path("outputs/inspect/positional_encodings.png"))
     args = p.parse_args(argv)
-    from minigpt.inspect.pe_plots import plot_positional_encodings
     from minigpt.inspect.plotting import save_png
+    from minigpt.lab.pe_plots import plot_positional_encodings
 
     try:
         for name in ("dim", "head_dim"):

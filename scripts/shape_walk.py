@@ -5,7 +5,7 @@ Examples:
     python scripts/shape_walk.py model=modern seq_len=16  # RoPE, RMSNorm, SwiGLU, grouped-query attention
     python scripts/shape_walk.py checkpoint=outputs/train/<date>/<time>
 
-The walk is observed with forward hooks on the real model (minigpt/inspect/shape_walk.py). Nothing is
+The walk is observed with forward hooks on the real model (minigpt/lab/shape_walk.py). Nothing is
 written to disk. Bad input ends with one line on stderr and exit code 2.
 """
 
@@ -16,7 +16,7 @@ from omegaconf import DictConfig
 
 from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.inspect.config import ShapeWalkConfig
+from minigpt.lab.config import ShapeWalkConfig
 
 register_configs()
 
@@ -25,7 +25,7 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint.load import read_checkpoint
-    from minigpt.inspect.shape_walk import format_walk, walk_shapes
+    from minigpt.lab.shape_walk import format_walk, walk_shapes
     from minigpt.model.factory import build_model
 
     config = to_object(cfg, ShapeWalkConfig)

@@ -2,7 +2,7 @@
 
 Runs `scripts/train.py -m <overrides> trainer.max_time=<budget> trainer.max_steps=null` (one job per
 combination, one after the other), scores every job on the whole val split (stride = block), adds the rows to
-docs/speedrun.json and rewrites the README's table between its speedrun markers (minigpt/bench/speedrun.py).
+docs/speedrun.json and rewrites the README's table between its speedrun markers (minigpt/lab/speedrun.py).
 
     python scripts/speedrun.py                                   # model=demo,modern,tiny (the default first)
     python scripts/speedrun.py model=modern model.n_embd=128,192 optim.lr=2e-3,4e-3 optim.schedule=cosine,wsd
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from minigpt.bench import speedrun  # after parsing: `--help` answers without torch
+    from minigpt.lab import speedrun  # after parsing: `--help` answers without torch
 
     try:
         results = {"rows": []} if args.fresh else speedrun.load_results(args.results)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from minigpt.config import register_configs, run_cli, to_object
 from minigpt.errors import reports_user_errors
-from minigpt.generation.config import TemperatureConfig
+from minigpt.lab.config import TemperatureConfig
 
 register_configs()
 
@@ -24,13 +24,13 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint.load import load_model
-    from minigpt.generation.temperature import (
+    from minigpt.generation.text import encode_prompt
+    from minigpt.lab.temperature import (
         entropy_curve,
         next_token_logits,
         temperature_figure,
         token_label,
     )
-    from minigpt.generation.text import encode_prompt
 
     config = to_object(cfg, TemperatureConfig)
     model, tokenizer, _ = load_model(config.checkpoint, config.device.type, config.weights_dtype)

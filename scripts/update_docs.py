@@ -1,7 +1,7 @@
 """Regenerate the text outputs checked in under docs/: `python scripts/update_docs.py` (or `make docs`).
 
-Each entry is a tool's own output for a fixed command; `tests/test_docs.py` runs the same commands and fails
-when a checked-in file no longer matches, so docs/ never shows what the tools stopped printing.
+Each entry is a tool's own output for a fixed command; `tests/project/test_docs.py` runs the same commands
+and fails when a checked-in file no longer matches, so docs/ never shows what the tools stopped printing.
 """
 
 from __future__ import annotations

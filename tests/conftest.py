@@ -1,5 +1,10 @@
 """Shared fixtures: the real Hydra configs composed with the fast debug preset, and a tiny text corpus.
 
+Two tiers: `make test-fast` (`pytest -m "not slow"`) runs every test that starts no process and trains
+nothing, the inner loop of an edit; `make test` runs everything. A test outside the `slow` tier that starts a
+process (subprocess, multiprocessing, a fork) or runs the trainer fails at once, naming the marker it needs
+(`processes_and_training_refused`, checked by tests/project/test_tiers.py).
+
 Order independence: pytest-randomly runs the tests in a random order (the seed is printed at the end; replay
 an order with `pytest -p randomly --randomly-seed=<seed>`, or turn it off with `-p no:randomly`), and
 `seed_every_test` starts every test from the same RNG state whatever ran before it, so a test's numbers do
@@ -8,8 +13,14 @@ not depend on the order or on that seed.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.process
+import os
 import random
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -41,6 +52,43 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if isinstance(seed, int):  # under `-q` pytest-randomly's own header line is not shown
         terminalreporter.write_line(f"test order: --randomly-seed={seed} "
                                     f"(replay it with: pytest -p randomly --randomly-seed={seed})")
+
+
+@contextlib.contextmanager
+def processes_and_training_refused(test: str) -> Iterator[None]:
+    """Inside: starting a process or running the trainer fails the test with the line that says to mark it."""
+    from minigpt.training.trainer import Trainer
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            pytest.fail(f"{test} {what}; mark it @pytest.mark.slow (the fast tier starts no process and "
+                        "trains nothing)", pytrace=False)
+        return refused
+
+    targets = [(subprocess.Popen, "__init__", "starts a process"),
+               (multiprocessing.process.BaseProcess, "start", "starts a process"),
+               (os, "fork", "forks a process"), (Trainer, "fit", "trains a model")]
+    with contextlib.ExitStack() as stack:
+        for owner, name, what in targets:
+            stack.enter_context(mock.patch.object(owner, name, refuse(what)))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item):
+    with _tier_guard(item):  # fixtures too: a module-scoped fixture that trains is set up here
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    with _tier_guard(item):
+        return (yield)
+
+
+def _tier_guard(item: pytest.Item) -> contextlib.AbstractContextManager:
+    slow = item.get_closest_marker("slow") is not None
+    return contextlib.nullcontext() if slow else processes_and_training_refused(item.nodeid)
 
 
 @pytest.fixture(autouse=True)

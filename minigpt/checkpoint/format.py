@@ -1,10 +1,10 @@
 """The checkpoint format: one folder, self-describing, written atomically.
 
     <ckpt>/model.safetensors   weights of the unwrapped module (no torch.compile / DDP name prefixes)
-    <ckpt>/state.pt            optimizer, scheduler, scaler, step, tokens seen, RNG states, loader state;
-                               plain tensors and containers only, so it loads with `weights_only=True`
-    <ckpt>/meta.json           format_version, resolved model config, full resolved config, step, tokens,
-                               best val loss, the SHA-256 of every tokenizer file (`tokenizer_files`)
+    <ckpt>/state.pt            everything a resumed step depends on (contents.py); plain tensors and
+                               containers only, so it loads with `weights_only=True`
+    <ckpt>/meta.json           format_version, the resolved model config and full config, step, val loss
+                               (contents.py), and the SHA-256 of every tokenizer file (`tokenizer_files`)
     <ckpt>/tokenizer/          the tokenizer's own files, so a checkpoint always decodes its tokens
 
 A run folder keeps `checkpoints/last/` and `checkpoints/best/`. A checkpoint is first written completely into
@@ -20,13 +20,11 @@ import io
 import json
 import os
 import pickle
-import random
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
@@ -34,65 +32,12 @@ from torch import nn
 
 from minigpt.data.shards import folder_digests
 from minigpt.errors import UserError, unwritable_path_message
+from minigpt.model.factory import unwrap
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 WEIGHTS, STATE, META, TOKENIZER = "model.safetensors", "state.pt", "meta.json", "tokenizer"
 TOKENIZER_HASHES = "tokenizer_files"  # meta.json: tokenizer/ file -> SHA-256, checked on load
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module under torch.compile (`_orig_mod`) and DDP/FSDP-style wrappers (`module`)."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(getattr(model, "module", None), nn.Module):
-            model = model.module
-        else:
-            return model
-
-
-# ---------------------------------------------------------------------------------------------------- RNG
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random stream this process draws from, as tensors and plain Python (safe for `weights_only`).
-
-    CUDA: the generator of the current device only (under torchrun each rank has its own device and saves
-    its own state; reading every device's would open a CUDA context on each of them from every rank), and
-    only once CUDA is in use, so a CPU run never initialises it. The trainer saves one of these per rank.
-    """
-    np_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured (in the process, and on the current CUDA device, it describes)."""
-    random.setstate(_as_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, list):  # older checkpoints: one state per visible device
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            torch.cuda.set_rng_state(cuda)
-
-
-def _as_tuple(x: Any) -> Any:
-    """`random.setstate` wants tuples; a round trip through some serialisers turns them into lists."""
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
 
 
 # ---------------------------------------------------------------------------------------------------- save

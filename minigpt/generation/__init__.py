@@ -1,11 +1,11 @@
-"""The generation tools: prompts in, streamed text out, an interactive session, the temperature tool.
+"""The generate command: prompts in, streamed text out, or an interactive session.
 
 Read in this order:
-    config.py       GenerateConfig and TemperatureConfig (no torch)
+    config.py       GenerateConfig, the keys of configs/generate.yaml (no torch)
     text.py         prompts in (files, escapes), streamed text out
+    output.py       a stdout whose reader may leave early (`| head`)
     session.py      an interactive session that keeps its KV cache between turns
-    cli.py          the body of scripts/generate.py
-    temperature.py  the temperature tool: distributions and entropy against T
+    run.py          what scripts/generate.py does: load a checkpoint, sample, stream, summarise
 
 The decoding loop, the sampling filters and the window rule they run on live in `minigpt/sampling/`.
 """

@@ -1,5 +1,5 @@
-"""Configuration of the generation tools: `scripts/generate.py` (YAML `configs/generate.yaml`, flat keys such
-as `temperature=0.5`) and `scripts/temperature.py` (`configs/temperature.yaml`). No torch is imported here."""
+"""Configuration of `scripts/generate.py` (YAML `configs/generate.yaml`, flat keys such as `temperature=0.5`).
+No torch is imported here."""
 
 from __future__ import annotations
 
@@ -46,24 +46,3 @@ class GenerateConfig:
     def sampling(self, vocab_size: int | None = None) -> SamplingParams:
         """The sampling knobs; `vocab_size` (the tokenizer's) keeps padded model ids from being drawn."""
         return SamplingParams(self.temperature, self.top_k, self.top_p, vocab_size)
-
-
-@dataclass
-class TemperatureConfig:
-    """Root of `configs/temperature.yaml` (`scripts/temperature.py`)."""
-
-    checkpoint: str | None = None  # a checkpoint or run folder; None: the latest run under outputs/
-    prompt: str = ""  # empty: the distribution of a document's first token (after end-of-text)
-    temperatures: list[float] = field(default_factory=lambda: [0.25, 0.5, 1.0, 2.0, 4.0])
-    top: int = 20  # tokens shown per temperature
-    out: str | None = None  # the PNG; None: temperature.png in the run folder
-    # one forward pass: the CPU is plenty
-    device: InferenceDeviceConfig = field(default_factory=lambda: InferenceDeviceConfig("cpu"))
-    weights_dtype: str = "float32"
-
-    def __post_init__(self) -> None:
-        if not self.temperatures or any(not t > 0 for t in self.temperatures):
-            raise UserError(f"temperatures={self.temperatures} must be a non-empty list of values > 0")
-        if self.top < 1:
-            raise UserError(f"top={self.top} must be at least 1")
-        check_weights_dtype(self.weights_dtype)

@@ -20,8 +20,7 @@ import torch
 from minigpt.sampling.decode import prefill_windows
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.stopping import StopFn
-from minigpt.sampling.window import default_keep, window_length
+from minigpt.sampling.sequences import StopFn, default_keep, window_length
 
 
 class Session:

@@ -18,9 +18,9 @@ import torch
 from matplotlib.figure import Figure
 from torch import nn
 
-from minigpt.checkpoint.format import unwrap
 from minigpt.errors import UserError
 from minigpt.inspect.plotting import figure_to_rgb, new_figure
+from minigpt.model.factory import unwrap
 
 
 def select(indices: list[int] | None, count: int, what: str) -> list[int]:

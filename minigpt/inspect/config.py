@@ -1,7 +1,6 @@
 """Configuration of the look-inside tools (no torch here: Hydra's schemas import this module).
 
     EvaluateConfig       scripts/evaluate.py        configs/evaluate.yaml        inspect/perplexity.py
-    ShapeWalkConfig      scripts/shape_walk.py      configs/shape_walk.yaml      inspect/shape_walk.py
     AttentionMapsConfig  scripts/attention_maps.py  configs/attention_maps.yaml  inspect/attention_maps.py
 """
 
@@ -12,7 +11,6 @@ from dataclasses import dataclass, field
 from minigpt.data.config import DataConfig
 from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
 from minigpt.errors import UserError
-from minigpt.model.config import ModelConfig
 
 SPLITS = ("train", "val")
 
@@ -42,24 +40,6 @@ class EvaluateConfig:
         if self.max_tokens is not None and self.max_tokens < 2:
             raise UserError(f"max_tokens={self.max_tokens} must be at least 2 (or null: the whole text)")
         check_weights_dtype(self.weights_dtype)
-
-
-@dataclass
-class ShapeWalkConfig:
-    """Root of `configs/shape_walk.yaml` (`scripts/shape_walk.py`)."""
-
-    model: ModelConfig = field(default_factory=ModelConfig)
-    vocab_size: int = 4096  # used when model.vocab_size is null (the default bpe tokenizer's size)
-    batch_size: int = 2
-    seq_len: int | None = None  # tokens per sequence; None: model.block_size
-    checkpoint: str | None = None  # walk this trained model instead of model=...
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "batch_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"{name}={getattr(self, name)} must be at least 1")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise UserError(f"seq_len={self.seq_len} must be at least 1 (or null: model.block_size)")
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""build_model: the one place a ModelConfig becomes a GPT."""
+"""build_model: the one place a ModelConfig becomes a GPT; unwrap: the plain GPT under any wrapper."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+
+from torch import nn
 
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig, ablation_warnings
@@ -38,3 +40,14 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
     if warnings:
         log.warning("ablation model: %s", "; ".join(warnings))
     return GPT(cfg)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module under torch.compile (`_orig_mod`) and DDP/FSDP-style wrappers (`module`)."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            return model

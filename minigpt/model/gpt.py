@@ -165,7 +165,7 @@ class GPT(nn.Module):
         step that product streams the whole weight from memory, and how fast depends on the layout, the dtype
         and the CPU: measured on one core for the (50304, 384) head of `make bench`'s generation shape (AVX2),
         float32 ran 8.2 ms per token as stored and 3.0 ms laid out (in, out), bfloat16 13 ms as stored and 42
-        ms laid out (in, out). So the caller decides, best by measuring (generation/cli.py does); None: (in,
+        ms laid out (in, out). So the caller decides, best by measuring (generation/run.py does); None: (in,
         out) for float32 on a CPU, as stored otherwise. Each weight keeps its shape, values and name and only
         changes its memory layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same
         arithmetic up to summation order. Training afterwards still computes the right gradients, slowly: call

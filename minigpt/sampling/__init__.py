@@ -1,12 +1,10 @@
 """Sampling from a model: from logits to tokens, and the KV-cached decoding loop that both training (its
-samples at each evaluation) and the generation tools run.
+samples at each evaluation) and the generate command run.
 
 Read in this order:
     params.py       the sampling knobs (temperature, top-k, top-p) and their validation; no torch
     next_token.py   temperature, top-k, top-p and the seeded draw (the only place filters live)
-    window.py       the sliding-window rule once a sequence outgrows block_size
-    stopping.py     end-of-text, stop strings, per-row bookkeeping of a batch
-    steps.py        what the loops yield: one Step per token, counts and timings
+    sequences.py    what both loops share: the sliding-window rule, stopping, one Step per token
     naive.py        the deliberately simple uncached reference
     decode.py       the KV-cached prefill + decode loop (batched, streaming), and `sample_text`
 

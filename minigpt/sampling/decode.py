@@ -30,9 +30,15 @@ from minigpt.model.kv_cache import KVCache
 from minigpt.sampling.naive import naive_stream_tokens
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.steps import GenerationResult, GenerationStats, Step
-from minigpt.sampling.stopping import Rows, StopFn
-from minigpt.sampling.window import default_keep, window_length
+from minigpt.sampling.sequences import (
+    GenerationResult,
+    GenerationStats,
+    Rows,
+    Step,
+    StopFn,
+    default_keep,
+    window_length,
+)
 
 # Token id written into the padding slots: any valid id works, the mask hides it.
 PAD_ID = 0

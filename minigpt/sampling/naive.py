@@ -18,9 +18,7 @@ import torch
 
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.steps import GenerationStats, Step
-from minigpt.sampling.stopping import Rows, StopFn
-from minigpt.sampling.window import default_keep, window_length
+from minigpt.sampling.sequences import GenerationStats, Rows, Step, StopFn, default_keep, window_length
 
 
 @torch.no_grad()

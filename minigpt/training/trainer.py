@@ -30,6 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.checkpoint.contents import Progress, training_meta, training_state
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
@@ -45,7 +46,7 @@ from minigpt.training.finetune import fine_tuning
 from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.run_folder import RunFolder
-from minigpt.training.seeding import seed_everything, seed_rank_stream
+from minigpt.training.seeding import rng_state, seed_everything, seed_rank_stream
 from minigpt.training.signals import GracefulStop
 from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 from minigpt.training.tensorboard import TensorBoardLogger
@@ -150,7 +151,7 @@ class Trainer:
                                   world_size=env.world_size, device=str(device))
         self.evaluation = Evaluation(self.model, self.data.split("val"), block, tc.eval_budget,
                                      tc.batch_size, self.runtime, env, self.tokenizer, cfg.logging, tc.seed)
-        self.progress = resume.Progress()
+        self.progress = Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
@@ -285,12 +286,12 @@ class Trainer:
         model = distributed.whole_model(self.model, self.env)  # None on ranks > 0
         if self.is_main or distributed.is_sharded(self.model):  # a collective under FSDP
             optimizer_state = distributed.optimizer_state_dict(self.model, self.optimizer)
-        rng_states = distributed.gather_object(ckpt.rng_state(), self.env)  # every rank's own streams
+        rng_states = distributed.gather_object(rng_state(), self.env)  # every rank's own streams
         if self.is_main:
             p = self.progress
-            state = resume.training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
-            meta = resume.checkpoint_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env,
-                                          self.evaluation.describe())
+            state = training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
+            meta = training_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env.world_size,
+                                 self.evaluation.describe())
             self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)

@@ -1,0 +1,12 @@
+"""The lab: tools *about* the core, kept apart from it. Nothing in the core imports anything here.
+
+    config.py           the lab tools' Hydra schemas (no torch)
+    bench/              scripts/bench.py: speed of training, generation, attention, data, against references
+    speedrun.py         scripts/speedrun.py: which config learns the most in a fixed budget
+    ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
+    ablation_report.py  its table, figures and README block
+    shape_walk.py       scripts/shape_walk.py: every tensor shape of a forward pass, step by step
+    pe_plots.py         scripts/pe_plots.py: positional encodings drawn
+    loss_curves.py      scripts/loss_curves.py: training curves of several runs, read from TensorBoard files
+    temperature.py      scripts/temperature.py: one next-token distribution at several temperatures
+"""

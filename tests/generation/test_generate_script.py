@@ -1,0 +1,157 @@
+"""`scripts/generate.py`: the real configs composed, a checkpoint written by the trainer's own save
+function, one real CLI run, and every bad input ending in one clear line."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from minigpt.checkpoint.format import save_checkpoint
+from minigpt.config import register_configs, to_object
+from minigpt.data.tokenizers import CharTokenizer
+from minigpt.errors import UserError
+from minigpt.generation.config import GenerateConfig
+from minigpt.generation.run import load_for_generation, run_interactive, run_samples
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+
+ROOT = Path(__file__).resolve().parents[2]
+ALPHABET = "abcdefgh ijklmnop\n():=+-"
+
+
+@pytest.fixture
+def ckpt(tmp_path: Path) -> Path:
+    """A random tiny model with a char tokenizer, saved as a training run would save it."""
+    tok = CharTokenizer.from_texts([ALPHABET])
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16), vocab_size=tok.vocab_size)
+    meta = {"model_config": dataclasses.asdict(model.config), "step": 0}
+    return save_checkpoint(tmp_path / "ckpt", model, {"step": 0}, meta, tok)
+
+
+def config(*overrides: str) -> GenerateConfig:
+    """configs/generate.yaml composed exactly as the script composes it."""
+    register_configs()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        return to_object(compose(config_name="generate", overrides=list(overrides)), GenerateConfig)
+
+
+def generate_in_process(*overrides: str) -> tuple[str, str]:
+    """What the script does after composing: (stdout, stderr)."""
+    cfg = config(*overrides)
+    model, tok, _ = load_for_generation(cfg)
+    out, err = io.StringIO(), io.StringIO()
+    run_samples(cfg, model, tok, out, err)
+    return out.getvalue(), err.getvalue()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_cli_samples_stream_and_summarise(ckpt: Path, tmp_path: Path):
+    # prompt='ab(': Hydra's override grammar needs quotes around parentheses and other symbols
+    args = [f"checkpoint={ckpt}", "prompt='ab('", "max_new_tokens=30", "num_samples=2", "seed=3",
+            "device=cpu"]
+    proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, proc.stderr
+    out, err = generate_in_process(*args)  # the library with the same config: the same samples
+    assert proc.stdout == out and proc.stdout.startswith("ab(")
+    summary = proc.stderr.strip().splitlines()[-1]
+    assert summary.split("|")[0].strip() == "prompt tokens: 6" and "tokens/s" in summary  # 3 tokens x 2 rows
+    assert (tmp_path / "run" / "samples.txt").read_text().count("--- sample") == 2
+
+
+@pytest.mark.slow
+def test_cli_bad_input_is_one_line(ckpt: Path, tmp_path: Path):
+    """One subprocess for the error path (every bad input below raises the same UserError the script
+    turns into one line); a checkpoint without its tokenizer fails only after loading has begun."""
+    for f in (ckpt / "tokenizer").iterdir():
+        f.unlink()
+    proc = run_cli(f"checkpoint={ckpt}", "prompt=a", "device=cpu", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: ") and "tokenizer" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "override,match",
+    [("temperature=-0.5", "temperature"), ("top_p=0", "top_p"), ("top_p=1.01", "top_p"),
+     ("top_k=-3", "top_k"), ("max_new_tokens=-1", "max_new_tokens"), ("num_samples=0", "num_samples"),
+     ("weights_dtype=fp8", "weights_dtype"), ("window_keep_ratio=0", "window_keep_ratio")],
+)  # fmt: skip
+def test_bad_values_are_user_errors(override: str, match: str):
+    with pytest.raises(UserError, match=match) as e:
+        config(override)
+    assert "\n" not in str(e.value)
+
+
+def _break(ckpt: Path, how: str) -> str:
+    if how == "missing":
+        return str(ckpt.parent / "nowhere")
+    if how == "corrupt":
+        (ckpt / "model.safetensors").write_bytes(b"not a safetensors file")
+    if how == "no tokenizer":
+        for f in (ckpt / "tokenizer").iterdir():
+            f.unlink()
+    if how == "bad meta":
+        (ckpt / "meta.json").write_text("{ truncated")
+    return str(ckpt)
+
+
+@pytest.mark.parametrize("how", ["missing", "corrupt", "no tokenizer", "bad meta"])
+def test_bad_checkpoints_are_user_errors(ckpt: Path, how: str):
+    with pytest.raises(UserError) as e:
+        generate_in_process(f"checkpoint={_break(ckpt, how)}", "prompt=a", "device=cpu")
+    assert "\n" not in str(e.value)
+
+
+def test_bad_prompts_are_user_errors(ckpt: Path, tmp_path: Path):
+    with pytest.raises(UserError, match="'Z'"):  # not in the char tokenizer's alphabet
+        generate_in_process(f"checkpoint={ckpt}", "prompt=abZ", "device=cpu")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    with pytest.raises(UserError, match="empty"):  # a prompt file must hold a prompt
+        generate_in_process(f"checkpoint={ckpt}", f"prompt_file={empty}", "device=cpu")
+    with pytest.raises(UserError, match="either"):
+        config("prompt=a", f"prompt_file={empty}")
+
+
+def test_empty_prompt_is_unconditional_and_cache_flag_is_honoured(ckpt: Path):
+    base = (f"checkpoint={ckpt}", "max_new_tokens=20", "temperature=0", "device=cpu", "stream=false")
+    cached, _ = generate_in_process(*base)
+    naive, err = generate_in_process(*base, "kv_cache=false")
+    assert cached == naive and "prompt tokens: 1 " in err  # started from the end-of-text token alone
+
+
+def test_interactive_session_reports_rebuilds_and_survives_typos(ckpt: Path):
+    cfg = config(f"checkpoint={ckpt}", "interactive=true", "max_new_tokens=10", "device=cpu", "stop=[]")
+    model, tok, _ = load_for_generation(cfg)
+    lines = iter(["abc", "Zzz", "def gh", "ijk", ""])
+    out, err = io.StringIO(), io.StringIO()
+    session = run_interactive(cfg, model, tok, lambda: next(lines), out, err)
+    log = err.getvalue()
+    assert "'Z'" in log and "cache rebuilt" in log  # the typo is reported, 3 turns pass block_size 16
+    assert session.history[:3] == tok.encode("abc") and len(session.history) > 16
+    assert next(lines, None) is None  # the empty line ended it
+
+
+def test_streamed_output_stops_before_the_stop_string(ckpt: Path):
+    base = (f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=30", "device=cpu", "seed=5")
+    free, _ = generate_in_process(*base)
+    stop = free[8:10]  # two characters the free run prints
+    want = free[: free.index(stop, 2)]  # everything before their first occurrence after the prompt
+    stopped, _ = generate_in_process(*base, f"stop=[{stop!r}]")
+    assert stopped.rstrip("\n") == want

