@@ -78,6 +78,10 @@ def hf_config_from_model(cfg: ModelConfig, eot_id: int | None = None) -> dict:
         # the ablation switches (model/config.py): GPT-2 has every piece they remove
         ("causal", cfg.causal, True), ("attn_scale", cfg.attn_scale, "sqrt"),
         ("residual", cfg.residual, True), ("final_norm", cfg.final_norm, True),
+        # the technique switches that add a piece GPT-2 lacks (zero_init_proj only changes the init)
+        ("qk_norm", cfg.qk_norm, False), ("value_embeds", cfg.value_embeds, False),
+        ("smear", cfg.smear, False), ("bigram_embed", cfg.bigram_embed, 0),
+        ("logit_softcap", cfg.logit_softcap, 0.0),
     ]
     for name, value, needed in checks:
         if value != needed:

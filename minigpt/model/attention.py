@@ -18,6 +18,17 @@ Two ablation switches reach this file, and every backend honours both: `model.at
 (scores are q·kᵀ, `scale=1.0`; the default `scale=None` means 1/√D) and `model.causal=false`, which
 arrives as `is_causal=False` with no mask: every query then sees every key, future ones included.
 GPT.forward decides when that happens (training mode only).
+
+Two technique switches change what enters the scores and the weighted sum, before any backend (and
+before the KV cache, which therefore stores the changed keys and values):
+- `model.qk_norm`: q and k are RMS-normalised per head (each with a learned gain per channel), so a
+  score is a cosine similarity times the gains' product and can no longer grow without bound with the
+  weights' scale. RoPE rotates pairs of channels, which keeps their norm, so normalising before it is the
+  same as after it.
+- `model.value_embeds`: each layer's values get a token-indexed vector added, v += g · e[token], where e
+  is the layer's own table (GPT owns the tables and passes the rows in as `value_embed`) and
+  g = 2·sigmoid(x W_g) is one gate per key/value head, read from the block's input. W_g starts at zero, so
+  g starts at 1. The table gives every layer direct access to the token's identity.
 """
 
 from __future__ import annotations
@@ -102,6 +113,12 @@ class CausalSelfAttention(nn.Module):
         qkv_width = (self.n_head + 2 * self.n_kv_head) * self.head_dim  # 3C without GQA
         self.c_attn = nn.Linear(config.n_embd, qkv_width, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.qk_norm = config.qk_norm
+        if self.qk_norm:
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
+        if config.value_embeds:
+            self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by GPT.init_weights
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
         self.scale = None if config.attn_scale == "sqrt" else 1.0  # None: every backend's 1/√D
@@ -117,18 +134,25 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None = None,
         is_causal: bool = True,
         kv_cache=None,
+        value_embed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """rope: (cos, sin) from RotaryEmbedding at this call's positions, or None.
         mask: (B, 1, T, S) boolean from the KV cache, or None. is_causal: apply the plain causal mask
         (the caller sets it only when keys are exactly this call's tokens, T == S); False with no mask
         lets every query see every key (the `model.causal=false` ablation, in training mode).
-        kv_cache: a KVCache; our new K/V are written into it and we attend over everything it holds."""
+        kv_cache: a KVCache; our new K/V are written into it and we attend over everything it holds.
+        value_embed: (B, T, H_kv·D), this layer's value-embedding rows for the tokens (model.value_embeds)."""
         B, T, C = x.shape
         H, H_kv, D = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.c_attn(x).split([H * D, H_kv * D, H_kv * D], dim=2)  # (B, T, H·D), (B, T, H_kv·D) x2
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        if value_embed is not None:
+            gate = 2 * torch.sigmoid(self.ve_gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, H_kv, T, 1)
+            v = v + gate * value_embed.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), (B, H_kv, T, D): unit RMS per head
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:

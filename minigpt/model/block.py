@@ -49,10 +49,12 @@ class Block(nn.Module):
         mask: torch.Tensor | None = None,
         is_causal: bool = True,
         kv_cache=None,
+        value_embed: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The keyword arguments are passed to the attention unchanged (see CausalSelfAttention)."""
         def attn(h: torch.Tensor) -> torch.Tensor:
-            return self.attn(h, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache)
+            return self.attn(h, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache,
+                             value_embed=value_embed)
 
         if self.pre_norm:
             x = self.skip(x) + self.dropout_1(attn(self.ln_1(x)))

@@ -15,6 +15,9 @@ scales them by the incoming gradient. The arithmetic is F.cross_entropy's (the t
 two), the (B·T, V) tensor never exists, and no logits are returned: use it where the caller wants
 the loss alone (training). Targets of -1 are ignored, as in the plain loss.
 
+With a soft cap c (`model.logit_softcap`) the logits are z = c·tanh(u / c) of the raw products u, and the
+chain rule multiplies dlogits by dz/du = 1 - (z / c)², computed from the capped logits the chunk already has.
+
 Mixed precision. Under autocast (bf16 or fp16) the two matmuls per chunk run in the autocast dtype, as
 the plain path's lm_head would, and everything between them in float32: the logits are widened once per
 chunk, so logsumexp, the loss sum and the softmax never lose the digits a 16-bit sum would (bf16 keeps 8
@@ -41,9 +44,9 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
-                compute_grad: bool, dtype: torch.dtype) -> torch.Tensor:
+                compute_grad: bool, dtype: torch.dtype, softcap: float = 0.0) -> torch.Tensor:
         with torch.autocast(x.device.type, enabled=False):  # the casts below are explicit
-            return _forward(ctx, x, weight, targets, chunk_rows, compute_grad, dtype)
+            return _forward(ctx, x, weight, targets, chunk_rows, compute_grad, dtype, softcap)
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
@@ -52,11 +55,11 @@ class LinearCrossEntropy(torch.autograd.Function):
             raise RuntimeError("linear_cross_entropy was called without compute_grad; it has no gradient")
         grad_x = (grad_x * grad_loss).to(ctx.x_dtype)
         grad_w = (grad_w * grad_loss).to(ctx.w_dtype)
-        return grad_x, grad_w, None, None, None, None
+        return grad_x, grad_w, None, None, None, None, None
 
 
 def _forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int,
-             compute_grad: bool, dtype: torch.dtype) -> torch.Tensor:
+             compute_grad: bool, dtype: torch.dtype, softcap: float) -> torch.Tensor:
     ctx.x_dtype, ctx.w_dtype = x.dtype, weight.dtype
     valid = targets != -1  # (N,)
     inv_count = 1.0 / valid.sum()  # a tensor: no host sync; 1/0 = inf gives NaN like F.cross_entropy
@@ -70,12 +73,17 @@ def _forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
         xs, keep = x[rows], valid[rows]  # (n, C), (n,)
         tgt = targets[rows].clamp(min=0).unsqueeze(1)  # (n, 1); ignored rows point at 0, then masked
         logits = (xs @ w.t()).float()  # (n, V) float32 (a no-op in float32; widened once otherwise)
+        if softcap:
+            logits = logits.div_(softcap).tanh_().mul_(softcap)  # (n, V) in (-c, c)
+            slope = 1.0 - (logits / softcap).square() if compute_grad else None  # (n, V): dz/du
         lse = torch.logsumexp(logits, dim=-1)  # (n,)
         loss += ((lse - logits.gather(1, tgt).squeeze(1)) * keep).sum()
         if not compute_grad:
             continue
         probs = logits.sub_(lse.unsqueeze(1)).exp_()  # (n, V) softmax, reusing the logits' memory
         probs.scatter_add_(1, tgt, torch.full_like(tgt, -1, dtype=probs.dtype))  # minus one-hot, in [-1, 1]
+        if softcap:
+            probs.mul_(slope)  # (n, V): through the cap, still in [-1, 1]
         dlogits = probs.to(dtype)  # (n, V); the same tensor in float32
         row_scale = (keep * inv_count).unsqueeze(1)  # (n, 1): 1/N, and 0 for ignored rows
         torch.mul(torch.mm(dlogits, w), row_scale, out=grad_x[rows])  # (n, C)
@@ -91,12 +99,13 @@ def _forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, 
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         chunk_rows: int = DEFAULT_CHUNK_ROWS) -> torch.Tensor:
-    """x (..., C), weight (V, C), targets (...) -> mean cross-entropy of x W^T (float32), without the logits.
+                         chunk_rows: int = DEFAULT_CHUNK_ROWS, softcap: float = 0.0) -> torch.Tensor:
+    """x (..., C), weight (V, C), targets (...) -> mean cross-entropy of x W^T (float32), without the logits;
+    softcap c > 0 caps the logits at c·tanh(x W^T / c) first.
 
     Under autocast the matmuls run in the autocast dtype, as `nn.Linear` would; otherwise in x's dtype."""
     x2 = x.reshape(-1, x.shape[-1])  # (N, C)
     device_type = x.device.type
     dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
     compute_grad = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)
-    return LinearCrossEntropy.apply(x2, weight, targets.reshape(-1), chunk_rows, compute_grad, dtype)
+    return LinearCrossEntropy.apply(x2, weight, targets.reshape(-1), chunk_rows, compute_grad, dtype, softcap)

@@ -5,6 +5,11 @@ reference notes defend (the causal mask, the 1/√D scale, the positional encodi
 the final norm), each is off by default (the field's default keeps the piece), and each is named for
 what it removes. They exist so that a run can show what breaks (configs/experiment/ablation/, `make
 ablation`); `ablation_warnings` says in words what a model built with them gave up.
+
+Beside them stand the *technique switches*: pieces that record-setting small-GPT training runs add (QK-norm,
+ReLU², zero-initialised projections, value embeddings, the previous-token smear, a hashed bigram embedding,
+logit soft-capping). Each is off by default until measurements show it wins at this codebase's scale
+(docs/tricks.md has the table), and each keeps the cached and uncached decoders in agreement.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none", "integer")
 ABLATION_POS_ENCODINGS = ("none", "integer")
 NORMS = ("layernorm", "rmsnorm")
 NORM_PLACEMENTS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_BACKENDS = ("math", "sdpa", "online")
 ATTN_SCALES = ("sqrt", "none")  # scores = q·kᵀ/√D | q·kᵀ (an ablation)
 DEFAULT_ROPE_BASE = 10000.0
@@ -57,6 +62,13 @@ class ModelConfig:
     attn_scale: str = "sqrt"  # none: raw q·kᵀ scores, no 1/√D
     residual: bool = True  # false: blocks drop their skip path, x = Sublayer(...) instead of x + ...
     final_norm: bool = True  # false: pre-norm models feed the raw residual stream to the head (no ln_f)
+    # technique switches: off by default; see the module docstring and docs/tricks.md
+    qk_norm: bool = False  # RMS-normalise every head's queries and keys (learned gains) before the scores
+    zero_init_proj: bool = False  # W_O and the FFN down projection start at zero: blocks start as identity
+    value_embeds: bool = False  # each layer adds a token-indexed table to its values, through a learned gate
+    smear: bool = False  # mix the previous token's embedding into each token's, through a learned gate
+    bigram_embed: int = 0  # rows of a hashed (previous, current) token-pair table added to the embeddings
+    logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
 
     def __post_init__(self) -> None:
         self.validate()
@@ -111,6 +123,10 @@ class ModelConfig:
             raise UserError(f"model.rope_base={self.rope_base} must be greater than 1 (10000 is usual)")
         if self.norm_eps <= 0:
             raise UserError(f"model.norm_eps={self.norm_eps} must be positive")
+        if self.bigram_embed < 0:
+            raise UserError(f"model.bigram_embed={self.bigram_embed} must be >= 0 (table rows; 0: off)")
+        if self.logit_softcap < 0:
+            raise UserError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: off; e.g. 15 or 30)")
         self._validate_ablations()
 
     def _validate_ablations(self) -> None:

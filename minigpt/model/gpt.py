@@ -3,6 +3,10 @@
     idx (B, T) -> wte (+ wpe) -> dropout -> L blocks -> ln_f -> lm_head -> logits (B, T, V)
                                                                         -> cross-entropy with targets
 
+With the technique switches (model/config.py) the embedding may also get the previous token's embedding
+(`smear`) and a hashed bigram row (`bigram_embed`) (previous_token.py), every layer a value-embedding table
+(`value_embeds`, transformer.ve.{i}, used in attention.py), and the logits a soft cap (`logit_softcap`).
+
 Parameter names follow GPT-2 (transformer.wte / wpe / h.{i}.ln_1, attn.c_attn, attn.c_proj, ln_2,
 mlp.c_fc, mlp.c_proj / ln_f, lm_head), so importing GPT-2 weights is a name-by-name copy (the
 Conv1D weights of the Hugging Face checkpoint are transposed).
@@ -26,6 +30,7 @@ from minigpt.model.embedding import (
 )
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
+from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
 from minigpt.model.rope import RotaryEmbedding
 
 INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
@@ -50,6 +55,14 @@ class GPT(nn.Module):
         elif config.pos_encoding == "rope":  # nothing is added to the embedding; the blocks rotate q and k
             self.transformer["rope"] = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
         # pos_encoding=none (an ablation): no position anywhere
+        if config.smear:
+            self.transformer["smear"] = Smear(C)
+        if config.bigram_embed:
+            self.transformer["bigram"] = BigramEmbedding(config.bigram_embed, C)
+        if config.value_embeds:
+            kv_width = config.kv_heads * config.head_dim
+            self.transformer["ve"] = nn.ModuleList(nn.Embedding(config.vocab_size, kv_width)
+                                                   for _ in range(config.n_layer))
         self.transformer["drop"] = nn.Dropout(config.dropout)
         self.transformer["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
         # Post-norm blocks already end in a norm, so a final one would normalise a normalised
@@ -70,10 +83,10 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
 
     def init_weights(self) -> None:
-        """GPT-2's initialisation, applied to every weight of the model."""
+        """GPT-2's initialisation, applied to every weight of the model, and the technique switches' zeros."""
         for name, p in self.named_parameters():
-            if name.endswith("bias"):
-                nn.init.zeros_(p)  # biases start neutral
+            if name.endswith("bias") or _starts_at_zero(self.config, name):
+                nn.init.zeros_(p)  # biases start neutral; the technique switches: see _starts_at_zero
             elif p.dim() == 1:
                 nn.init.ones_(p)  # norm scales start at identity
             elif name.endswith("c_proj.weight"):
@@ -121,11 +134,14 @@ class GPT(nn.Module):
                 raise RuntimeError(f"sequence length {T} exceeds block_size {self.config.block_size}")
             positions = torch.arange(T, device=idx.device)  # (T,)
             is_causal = self.config.causal or not self.training  # see "Causality" above
+            first_prev = None
         else:
             needed = kv_cache.length + T  # checked before a position lookup could fail less clearly
             if needed > kv_cache.max_len:
                 raise RuntimeError(f"KV cache overflow: {needed} slots needed, {kv_cache.max_len} allocated")
             positions = kv_cache.positions(T)  # (T,) or (B, T) with left padding
+            first_prev = kv_cache.previous_tokens()  # (B,) or None
+            kv_cache.record_tokens(idx)
             if positions.dim() == 2:
                 # padding slots have negative positions; their outputs are never attended to, but
                 # the table lookups need a valid index
@@ -133,7 +149,7 @@ class GPT(nn.Module):
             if kv_cache.length > 0 or kv_cache.has_padding:
                 mask, is_causal = kv_cache.attention_mask(T), False  # (B, 1, T, S) or None
 
-        x = self.transformer.wte(idx)  # (B, T, C)
+        x = self.embed_tokens(idx, first_prev, positions)  # (B, T, C)
         if self.emb_scale != 1.0:
             x = x * self.emb_scale
         rope = None
@@ -142,20 +158,42 @@ class GPT(nn.Module):
         elif "rope" in self.transformer:
             rope = self.transformer.rope(positions)  # (cos, sin), shared by all layers
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x = block(x, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache)  # (B, T, C)
+        ve = self.transformer.ve if "ve" in self.transformer else [None] * len(self.transformer.h)
+        for block, table in zip(self.transformer.h, ve, strict=True):
+            x = block(x, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache,
+                      value_embed=None if table is None else table(idx))  # (B, T, C)
         if kv_cache is not None:
             kv_cache.advance(T)
         x = self.transformer.ln_f(x)
+        cap = self.config.logit_softcap
         if not return_logits:
-            return None, linear_cross_entropy(x, self.lm_head.weight, targets)
+            return None, linear_cross_entropy(x, self.lm_head.weight, targets, softcap=cap)
         if last_only:
             x = x[:, -1:, :]  # (B, 1, C)
         logits = self.lm_head(x)  # (B, T, V) or (B, 1, V)
+        if cap:
+            logits = cap * torch.tanh(logits / cap)  # (B, T, V) in (-cap, cap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def embed_tokens(self, idx: torch.Tensor, first_prev: torch.Tensor | None,
+                     positions: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> (B, T, C): the token embedding, with the previous-token switches (previous_token.py).
+        first_prev: (B,) the token before idx[:, 0], or None; positions: (T,) or (B, T), 0 (or clamped
+        padding) where a token has no previous one."""
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "smear" not in self.transformer and "bigram" not in self.transformer:
+            return x
+        prev = previous_tokens(idx, first_prev, positions > 0)  # (B, T), -1 where there is none
+        if "smear" in self.transformer:
+            known = (prev >= 0).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
+            x_prev = self.transformer.wte(prev.clamp(min=0)) * known  # (B, T, C), zero where there is none
+            x = self.transformer.smear(x, x_prev)
+        if "bigram" in self.transformer:
+            x = x + self.transformer.bigram(prev, idx)  # (B, T, C)
+        return x
 
     @torch.no_grad()
     def prepare_for_inference(self, in_out_layout: bool | None = None) -> GPT:
@@ -200,14 +238,13 @@ class GPT(nn.Module):
                 attn.record_probs, attn.probs = False, None
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count (tied weights counted once). non_embedding drops the lookup tables: wpe,
-        and wte unless it is tied to lm_head (whose matmul does real work)."""
+        """Parameter count (tied weights counted once). non_embedding drops the lookup tables (wpe, wte unless
+        it is tied to lm_head, whose matmul does real work, the value-embedding and bigram tables)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            if self.config.pos_encoding == "learned":
-                n -= self.transformer.wpe.weight.numel()
-            if not self.config.tie_weights:
-                n -= self.transformer.wte.weight.numel()
+            tables = {id(m.weight): m.weight for m in self.modules() if isinstance(m, nn.Embedding)}
+            tables.pop(id(self.lm_head.weight), None)  # tied: the head's matmul reads it
+            n -= sum(w.numel() for w in tables.values())
         return n
 
     def flops_per_token(self) -> int:
@@ -235,3 +272,16 @@ class GPT(nn.Module):
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,
         )
+
+
+def _starts_at_zero(cfg: ModelConfig, name: str) -> bool:
+    """Whether a technique switch starts parameter `name` at zero, so that the model starts as the model
+    without the switch and learns how much of it to use: the smear's strength, the bigram table, the value
+    embeddings' gates (2·sigmoid(0) = a gate of 1), and with model.zero_init_proj every W_O and FFN down
+    projection (each block then starts as the identity; the zeroed matrix gets its gradient through its
+    input, which is not zero, and the matrices before it once it has moved)."""
+    if name in ("transformer.smear.lam", "transformer.bigram.table.weight"):
+        return True
+    if name.endswith("ve_gate.weight"):
+        return True
+    return cfg.zero_init_proj and name.endswith("c_proj.weight")

@@ -34,6 +34,9 @@ class KVCache:
         self.max_len = max_len
         self.length = 0  # slots filled, the same for every row (rows differ only in padding)
         self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
+        # (B, T_max) the token id in each slot: models that read the previous token (model/previous_token.py)
+        # need the last one at the start of each decode step
+        self.tokens = torch.zeros((batch_size, max_len), dtype=torch.long, device=device)
         self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
 
     def set_padding(self, pad: torch.Tensor) -> None:
@@ -79,6 +82,14 @@ class KVCache:
         self.k[layer, :, :, self.length : end] = k_new
         self.v[layer, :, :, self.length : end] = v_new
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def record_tokens(self, idx: torch.Tensor) -> None:
+        """Write the (B, T) token ids of this forward call into the next slots (before `advance`)."""
+        self.tokens[:, self.length : self.length + idx.shape[1]] = idx
+
+    def previous_tokens(self) -> torch.Tensor | None:
+        """(B,) the token in the last filled slot of each row, or None for an empty cache."""
+        return self.tokens[:, self.length - 1] if self.length else None
 
     def advance(self, t_new: int) -> None:
         """Mark `t_new` more slots filled. The model calls this once per forward, after the last layer."""
