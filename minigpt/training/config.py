@@ -20,12 +20,17 @@ from minigpt.training.budget import parse_duration
 STRATEGIES = ("ddp", "fsdp")  # see training/distributed.py
 NONFINITE_POLICIES = ("stop", "skip")
 SCHEDULES = ("cosine", "wsd")  # see training/optim.py
+OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
 
 
 @dataclass
 class OptimConfig:
-    """AdamW with linear warmup, then a decay to a floor at the end of the budget (`training/optim.py`)."""
+    """AdamW (or Muon + AdamW) with linear warmup, then a decay to a floor at the end of the budget
+    (`training/optim.py`)."""
 
+    # adamw: AdamW for every parameter | muon: Muon for the blocks' weight matrices (training/muon.py) at
+    # muon_lr, AdamW at lr for the rest (embeddings, head, norms, gates)
+    name: str = "adamw"
     lr: float = 6e-3  # peak learning rate, reached at the end of warmup; small models tolerate a high one
     min_lr_ratio: float = 0.1  # the decay ends at lr * min_lr_ratio and stays there
     # cosine: decay over the whole budget | wsd: warmup-stable-decay, the peak held until the last
@@ -39,10 +44,20 @@ class OptimConfig:
     warmup_steps: int = 50  # in steps, also for a time budget: Adam's moments need updates, not seconds
     decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+    muon_lr: float = 0.02  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
+    muon_momentum: float = 0.95
+    muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise UserError(f"optim.lr={self.lr} must be positive")
+        if self.name not in OPTIMIZERS:
+            raise UserError(f"optim.name={self.name!r} is not one of: {', '.join(OPTIMIZERS)}")
+        for name in ("lr", "muon_lr"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"optim.{name}={getattr(self, name)} must be positive")
+        if not 0.0 <= self.muon_momentum < 1.0:
+            raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
+        if self.muon_ns_steps < 1:
+            raise UserError(f"optim.muon_ns_steps={self.muon_ns_steps} must be at least 1 (5 is usual)")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.weight_decay < 0:

@@ -1,5 +1,6 @@
-"""AdamW with two parameter groups, and the learning-rate schedule: linear warmup, then a decay (cosine, or
-warmup-stable-decay) to a floor at the end of the run's budget of steps or of training time.
+"""AdamW with two parameter groups (or Muon for the blocks' matrices beside it, muon.py), and the
+learning-rate schedule: linear warmup, then a decay (cosine, or warmup-stable-decay) to a floor at the end of
+the run's budget of steps or of training time.
 
 This is the only place the schedule is defined: `lr_multiplier` is the formula, `LRSchedule` feeds it a run's
 progress through its budget and sets the result on the optimizer.
@@ -12,8 +13,11 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
+from minigpt.errors import UserError
 from minigpt.training.config import OptimConfig
+from minigpt.training.muon import MuonAdamW
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +49,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     """AdamW over `param_groups`, fused on CUDA and CPU: one kernel updates all parameters in one pass
     over their memory (measured on the 2-core CPU for shape M of the bench: 46 ms per step against 315 ms
-    for the default for-loop implementation)."""
+    for the default for-loop implementation). optim.name=muon: `build_muon`."""
+    if cfg.name == "muon":
+        return build_muon(model, cfg)
     groups = param_groups(model, cfg.weight_decay)
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_other = sum(p.numel() for p in groups[1]["params"])
@@ -60,6 +66,35 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
         eps=cfg.eps,
         fused=device_type in ("cuda", "cpu"),
     )
+
+
+def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
+    """The matrices Muon trains: every 2-D weight inside the blocks (`transformer.h`) with more than one row
+    and column. The 1-row value-embedding gates are a few scalars' worth of weights, left to AdamW."""
+    return [p for name, p in model.named_parameters()
+            if name.startswith("transformer.h.") and p.dim() == 2 and min(p.shape) > 1 and p.requires_grad]
+
+
+def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
+    """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`).
+
+    Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
+    matrices = muon_matrices(model)
+    if any(isinstance(p, DTensor) for p in matrices):
+        raise UserError("optim.name=muon orthogonalises whole matrices and cannot train FSDP shards; "
+                        "use trainer.strategy=ddp")
+    muon_ids = {id(p) for p in matrices}
+    adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
+                   for g in param_groups(model, cfg.weight_decay)]
+    n_muon = sum(p.numel() for p in matrices)
+    n_adam = sum(p.numel() for g in adam_groups for p in g["params"])
+    log.info("Muon: %d parameters in %d matrices; AdamW: %d (embeddings, head, norms, gates)",
+             n_muon, len(matrices), n_adam)
+    muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
+            "weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
+    adam = [{**g, "lr": cfg.lr, "lr_scale": 1.0, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+            for g in adam_groups if g["params"]]
+    return MuonAdamW([muon, *adam])
 
 
 def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,
@@ -123,8 +158,9 @@ class LRSchedule:
                                     cooldown_ratio=c.cooldown_ratio)
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float) -> float:
-        """Set step `step`'s lr on every parameter group (both groups share it) and return it."""
+        """Set step `step`'s lr on every parameter group and return it. A group's `lr_scale` (1 if it has
+        none; Muon's matrices have their own peak, `build_muon`) multiplies it."""
         lr = self.lr(step, seconds)
         for group in optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         return lr

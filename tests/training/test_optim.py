@@ -1,4 +1,4 @@
-"""The optimizer, its parameter groups, gradient accumulation and the learning-rate schedule."""
+"""The optimizer, its parameter groups, gradient accumulation, Muon and the learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -8,12 +8,16 @@ import pytest
 import torch
 from model_helpers import tiny_config
 
+from minigpt.checkpoint import format as ckpt
 from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
+from minigpt.errors import UserError
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
-from minigpt.training.optim import LRSchedule, build_optimizer, param_groups
+from minigpt.training.muon import MuonAdamW, orthogonalize
+from minigpt.training.optim import LRSchedule, build_optimizer, muon_matrices, param_groups
 from minigpt.training.step import accumulate_gradients
+from minigpt.training.trainer import train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 
@@ -142,3 +146,142 @@ def test_with_both_budgets_the_one_further_along_drives_the_decay():
     assert schedule.progress(80, 30.0) == pytest.approx(0.8)  # steps are ahead
     assert schedule.lr(100, 1.0) == pytest.approx(0.0) and schedule.lr(1, 60.0) == pytest.approx(0.0)
 
+
+
+# ------------------------------------------------------------------------------------------------------ Muon
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (64, 16), (16, 64), (160, 96)])
+def test_orthogonalize_keeps_the_singular_vectors_and_pulls_the_values_towards_one(shape):
+    """G = U S Vᵀ built from random orthonormal U, V and singular values spread tenfold: Uᵀ O V is diagonal
+    (the same singular vectors) with every value near 1, checked against an SVD of G too."""
+    gen = torch.Generator().manual_seed(0)
+    r = min(shape)
+    u, _ = torch.linalg.qr(torch.randn(shape[0], r, generator=gen))  # (m, r) orthonormal columns
+    v, _ = torch.linalg.qr(torch.randn(shape[1], r, generator=gen))  # (n, r)
+    g = u @ torch.diag(torch.linspace(0.5, 5.0, r)) @ v.T
+    d = u.T @ orthogonalize(g) @ v  # (r, r)
+    off_diagonal = d - torch.diag(torch.diagonal(d))
+    assert off_diagonal.abs().max() < 1e-4
+    assert torch.diagonal(d).min() > 0.6 and torch.diagonal(d).max() < 1.2  # not 1: see muon.py
+    svd_u, _, svd_vh = torch.linalg.svd(g, full_matrices=False)
+    torch.testing.assert_close(orthogonalize(g, steps=5) @ v @ v.T, orthogonalize(g))  # in G's row space
+    assert (svd_u @ svd_vh - orthogonalize(g)).norm() < 0.5 * (svd_u @ svd_vh).norm()  # near U Vᵀ
+
+
+def test_orthogonalize_of_a_zero_gradient_is_zero():
+    assert (orthogonalize(torch.zeros(8, 4)) == 0).all()
+
+
+def _muon_pair(lr: float = 0.02, wd: float = 0.1) -> tuple[torch.nn.Parameter, torch.nn.Parameter, list]:
+    w = torch.randn(48, 24, generator=torch.Generator().manual_seed(1))
+    mine, ref = torch.nn.Parameter(w.clone()), torch.nn.Parameter(w.clone())
+    optimizers = [MuonAdamW([{"params": [mine], "muon": True, "lr": lr, "weight_decay": wd, "momentum": 0.95,
+                              "ns_steps": 5}]),
+                  torch.optim.Muon([ref], lr=lr, weight_decay=wd, momentum=0.95, nesterov=True)]
+    return mine, ref, optimizers
+
+
+def test_muon_steps_like_torchs_muon():
+    """torch.optim.Muon (the library's, orthogonalising in bfloat16) against ours (float32): the same
+    update up to bfloat16's rounding of the orthogonal factor."""
+    mine, ref, optimizers = _muon_pair()
+    start = mine.detach().clone()
+    g = torch.Generator().manual_seed(2)
+    for _ in range(4):
+        grad = torch.randn(48, 24, generator=g)
+        mine.grad, ref.grad = grad.clone(), grad.clone()
+        for opt in optimizers:
+            opt.step()
+    d_mine, d_ref = (mine - start).detach(), (ref - start).detach()
+    assert torch.nn.functional.cosine_similarity(d_mine.flatten(), d_ref.flatten(), dim=0) > 0.9999
+    assert (d_mine - d_ref).abs().max() < 0.02 * d_ref.abs().max()
+    assert d_ref.abs().max() > 0.01  # the step moved the weights
+
+
+def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
+    a, b = _model(), _model()
+    cfg = OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1)
+    ours = MuonAdamW([{**g, "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+                      for g in param_groups(a, cfg.weight_decay)])
+    torchs = build_optimizer(b, cfg)
+    assert isinstance(torchs, torch.optim.AdamW)
+    for seed in range(3):
+        for model, opt in ((a, ours), (b, torchs)):
+            x, y = _batch(4, seed=seed)
+            model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad()
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_everything_else():
+    model = _model(bias=True, tie_weights=False)
+    opt = build_optimizer(model, OptimConfig(name="muon", lr=1e-3, muon_lr=0.05, weight_decay=0.1))
+    assert isinstance(opt, MuonAdamW)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon, *adam = opt.param_groups
+    assert muon["muon"] and not any(g["muon"] for g in adam)
+    assert {names[id(p)] for p in muon["params"]} == {
+        f"transformer.h.{i}.{m}.weight" for i in range(2) for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
+                                                                    "mlp.c_proj")}
+    adam_names = {names[id(p)] for g in adam for p in g["params"]}
+    assert {"transformer.wte.weight", "lm_head.weight", "transformer.ln_f.weight"} <= adam_names
+    assert len(muon["params"]) + len(adam_names) == len(list(model.parameters()))  # each exactly once
+    assert [p for p in muon["params"]] == muon_matrices(model)
+
+
+def test_the_schedule_moves_muon_and_adamw_along_one_curve():
+    model = _model()
+    cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.05, warmup_steps=4, schedule="cosine")
+    opt = build_optimizer(model, cfg)
+    schedule = LRSchedule(cfg, max_steps=20)
+    for step in (0, 3, 10, 20):
+        lr = schedule.apply(opt, step, 0.0)
+        muon, *adam = opt.param_groups
+        assert muon["lr"] == pytest.approx(lr * 50) and all(g["lr"] == pytest.approx(lr) for g in adam)
+
+
+def test_muon_lowers_the_loss():
+    model = _model()
+    opt = build_optimizer(model, OptimConfig(name="muon", lr=1e-2, muon_lr=0.02, warmup_steps=0))
+    x, y = _batch(8)
+    losses = []
+    for _ in range(5):
+        _, loss = model(x, y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert losses[-1] < losses[0] - 0.1
+
+
+@pytest.mark.parametrize("override, message", [
+    ("name", "optim.name='sgd' is not one of: adamw, muon"),
+    ("muon_lr", "optim.muon_lr=0 must be positive"),
+    ("muon_momentum", "optim.muon_momentum=1.0 must be in [0, 1)"),
+    ("muon_ns_steps", "optim.muon_ns_steps=0 must be at least 1"),
+])
+def test_bad_muon_settings_are_user_errors(override, message):
+    value = {"name": "sgd", "muon_lr": 0, "muon_momentum": 1.0, "muon_ns_steps": 0}[override]
+    with pytest.raises(UserError) as err:
+        OptimConfig(**{override: value})
+    assert message in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_muon_run_resumes_exactly(make_train_cfg, tmp_path):
+    common = ("optim.name=muon", "optim.decay_steps=12", "trainer.eval_every=6", "trainer.ckpt_every=6",
+              "logging.sample_tokens=0")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    train(make_train_cfg(*common, "trainer.max_steps=12"), straight)
+    train(make_train_cfg(*common, "trainer.max_steps=6"), split)
+    train(make_train_cfg(*common, "trainer.max_steps=12", "trainer.resume=auto"), split)
+    a = ckpt.load_state(straight / "checkpoints" / "last")["optimizer"]
+    b = ckpt.load_state(split / "checkpoints" / "last")["optimizer"]
+    assert a["state"].keys() == b["state"].keys()
+    for name in a["state"]:
+        for key, value in a["state"][name].items():
+            assert torch.equal(value, b["state"][name][key]), (name, key)
+    assert any("momentum_buffer" in s for s in a["state"].values())
