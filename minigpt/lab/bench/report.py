@@ -157,6 +157,15 @@ def format_train_loop(r: dict) -> list[str]:
             f"{r['peak_flops'] / 1e9:,.0f} GFLOP/s{mem}; loss {r['loss_first']:.3f} -> {r['loss_last']:.3f}"]
 
 
+def format_techniques(r: dict) -> list[str]:
+    out = [f"Technique switches on the default model (batch {r['batch_size']} x {r['block_size']}, vocab "
+           f"{r['vocab_size']}, {r['dtype']}, {r['threads']} threads): the trainer's step, median of "
+           f"{r['repeats']} interleaved calls of {r['steps_per_call']} steps"]
+    rows = [[name, _t({"median": x["step_s"], "min": x["min_s"], "max": x["max_s"]}), f"{x['ratio']:.2f}x",
+             f"{x['tokens_per_s']:,.0f}"] for name, x in r["rows"].items()]
+    return out + _table(["switch", "step", "vs default", "tokens/s"], rows)
+
+
 def format_report(results: dict) -> str:
     """The whole report as text; sections missing from `results` are skipped."""
     m = results["machine"]
@@ -182,6 +191,8 @@ def format_report(results: dict) -> str:
         lines += ["", *format_train_loop(sections["train_loop"])]
     if "compile" in sections:
         lines += ["", *format_compile(sections["compile"])]
+    if "techniques" in sections:
+        lines += ["", *format_techniques(sections["techniques"])]
     return "\n".join(lines)
 
 

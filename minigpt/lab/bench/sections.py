@@ -5,7 +5,7 @@ from __future__ import annotations
 from minigpt.errors import UserError
 
 SECTIONS = ("peak", "train_S", "train_M", "generation", "attention", "data")
-EXTRA_SECTIONS = ("train_loop", "compile")  # not part of the default run
+EXTRA_SECTIONS = ("train_loop", "compile", "techniques")  # not part of the default run
 ALIASES = {"train": ("train_S", "train_M"), "all": SECTIONS}
 
 

@@ -14,6 +14,8 @@ under a minute, for smoke tests. Sections:
                 bf16 + compile on CUDA (scripts/device_check.sh), a tiny smoke shape on CPU
     compile     (only when asked for) does torch.compile pay for a default `make train` run? compile time,
                 eager vs compiled steps, break-even step count
+    techniques  (only when asked for) the trainer's step of the default model with each technique switch on,
+                relative to the default's (docs/tricks.md)
 
 bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
 are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only, like the
@@ -39,6 +41,7 @@ from minigpt.lab.bench.compile import bench_compile
 from minigpt.lab.bench.data import bench_data
 from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
+from minigpt.lab.bench.techniques import bench_techniques
 from minigpt.lab.bench.train_loop import bench_train_loop
 from minigpt.lab.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
 
@@ -140,6 +143,8 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
         return bench_data(quick=quick, repeats=1 if quick else 3)
     if name == "compile":
         return bench_compile(device, quick=quick)
+    if name == "techniques":
+        return bench_techniques(device, quick=quick)
     if name == "train_loop":  # GPT-2 small takes minutes per step on a CPU: smoke-sized there
         return bench_train_loop(device, smoke=quick or device.type != "cuda")  # dtype, compile: the trainer's
     raise ValueError(f"unknown section {name}")

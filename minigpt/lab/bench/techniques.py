@@ -1,0 +1,92 @@
+"""What each technique switch costs per training step on the default run's model.
+
+A technique that adds work per token (QK-norm's norms, the value-embedding lookups and gates, Muon's
+orthogonalisations) must win at equal training *time*, not only at equal tokens. This section times the
+trainer's own step (`training/step.py`: autocast as the trainer picks it, fused loss, backward, clipping,
+the optimizer from `build_optimizer`) of the default model (`ModelConfig()`, the default vocabulary and
+batch) with each switch on, interleaved with the default, and reports each one's step time relative to the
+default's. A ratio r means a run with the switch fits 1/r of the default's steps into the same time
+(docs/tricks.md uses it for its equal-time rows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from minigpt.data.config import DataConfig, TokenizerConfig
+from minigpt.device.config import DeviceConfig
+from minigpt.device.runtime import resolve_runtime
+from minigpt.lab.bench.timing import interleave
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.training.config import OptimConfig, TrainerConfig
+from minigpt.training.optim import LRSchedule, build_optimizer
+from minigpt.training.step import accumulate_gradients, optimizer_step
+
+# contender -> (ModelConfig overrides, OptimConfig overrides)
+TECHNIQUES: dict[str, tuple[dict, dict]] = {
+    "default": ({}, {}),
+    "qk_norm": ({"qk_norm": True}, {}),
+    "relu2": ({"activation": "relu2"}, {}),
+    "zero_init_proj": ({"zero_init_proj": True}, {}),
+    "value_embeds": ({"value_embeds": True}, {}),
+    "smear": ({"smear": True}, {}),
+    "bigram_embed": ({"bigram_embed": 16384}, {}),
+    "logit_softcap": ({"logit_softcap": 15.0}, {}),
+    "muon": ({}, {"name": "muon"}),
+}
+
+
+def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: torch.Tensor):
+    """One trainer step of the default model with the overrides, on a pool of fixed batches."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**model_overrides), vocab_size=TokenizerConfig().bpe_vocab_size)
+    model.to(runtime.device)
+    cfg = OptimConfig(**optim_overrides)
+    optimizer = build_optimizer(model, cfg, runtime.type)
+    schedule, scaler = LRSchedule(cfg, 10**9), runtime.grad_scaler()
+    counter = iter(range(10**12))
+
+    def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
+        b = batches[next(counter) % batches.shape[0]]  # (B, T + 1)
+        return b[:, :-1], b[:, 1:]
+
+    def step() -> None:
+        model.train()
+        accumulate_gradients(model, next_batch, 1, runtime, scaler)
+        schedule.apply(optimizer, 1000, 0.0)
+        optimizer_step(model, optimizer, scaler, cfg.grad_clip)
+
+    return step
+
+
+def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 20,
+                     steps_per_call: int = 5) -> dict:
+    """Median seconds per step of each contender (interleaved calls of `steps_per_call` steps) and the
+    ratio to the default's."""
+    runtime = resolve_runtime(DeviceConfig(type=device.type), probe_cache=Path(DataConfig().cache_dir))
+    cfg, tc = ModelConfig(), TrainerConfig()
+    if quick:
+        repeats, steps_per_call = 3, 2
+    vocab = TokenizerConfig().bpe_vocab_size
+    gen = torch.Generator().manual_seed(0)
+    batches = torch.randint(0, vocab, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
+    batches = batches.to(runtime.device)
+    steps = {name: _step_fn(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
+
+    def calls(step):
+        return lambda: [step() for _ in range(steps_per_call)]
+
+    timings = interleave({name: calls(step) for name, step in steps.items()}, repeats, warmup=2,
+                         device=runtime.device)
+    base = timings["default"].median
+    tokens = tc.batch_size * cfg.block_size * steps_per_call
+    rows = {name: {"step_s": t.median / steps_per_call, "min_s": t.min / steps_per_call,
+                   "max_s": t.max / steps_per_call, "ratio": t.median / base,
+                   "tokens_per_s": tokens / t.median}
+            for name, t in timings.items()}
+    return {"dtype": str(runtime.dtype).removeprefix("torch."), "batch_size": tc.batch_size,
+            "block_size": cfg.block_size, "vocab_size": vocab, "repeats": repeats,
+            "steps_per_call": steps_per_call, "threads": torch.get_num_threads(), "rows": rows}
