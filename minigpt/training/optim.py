@@ -51,8 +51,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
     """AdamW over `param_groups`, fused on CUDA and CPU: one kernel updates all parameters in one pass
-    over their memory (measured on the 2-core CPU for shape M of the bench: 46 ms per step against 315 ms
-    for the default for-loop implementation). optim.name=muon: `build_muon`."""
+    over their memory, where the default implementation loops over them in Python (docs/performance.md).
+    optim.name=muon: `build_muon`."""
     if cfg.name == "muon":
         return build_muon(model, cfg)
     groups = param_groups(model, cfg.weight_decay)
