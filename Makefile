@@ -64,7 +64,8 @@ docs: install ## regenerate what the tools write under docs/ (tests/project/test
 # (job 0, the row the others are compared with), as one Hydra multirun into one sweep folder; then the
 # report on it. The order here is the order of the table.
 comma := ,
-ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm
+ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm \
+	qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap muon
 ifndef ABLATION_DIR
 ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
 endif

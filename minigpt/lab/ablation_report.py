@@ -95,6 +95,35 @@ ROWS = {
         "solution early and its first blocks then get almost no gradient; rerun with optim.lr=1e-3 "
         "optim.warmup_steps=100 it does learn, more slowly than the baseline. Post-norm needs the gentle "
         "start that pre-norm makes unnecessary (Xiong et al., 2020)."),
+    # what helps: the techniques of record-setting small-GPT runs (docs/tricks.md: on the default run)
+    "qk_norm": Row(
+        "QK-norm", "(record-setting small-GPT runs) normalising queries and keys bounds every score, so "
+        "attention cannot saturate however large the weights grow, and a high learning rate stays stable.",
+        ("entropy",)),
+    "relu2": Row(
+        "ReLU²", "(record-setting small-GPT runs) relu(x)² keeps ReLU's sparsity with a smooth start and "
+        "learns faster than GELU in small GPTs (Primer, So et al., 2021).", ()),
+    "zero_init_proj": Row(
+        "Zero-initialised projections", "(record-setting small-GPT runs) with W_O and the FFN down "
+        "projection at zero every block starts as the identity, so the untrained blocks add no noise to the "
+        "residual stream.", ("grads",)),
+    "value_embeds": Row(
+        "Value embeddings", "(record-setting small-GPT runs) a per-layer table of token vectors added to the "
+        "values gives every layer the token's identity directly, for a few lookups and no matmul.", ()),
+    "smear": Row(
+        "Smear", "(record-setting small-GPT runs) mixing the previous token's embedding into each token's "
+        "gives the first layer the bigram context that attention would otherwise have to learn to fetch.",
+        ()),
+    "bigram_embed": Row(
+        "Hashed bigram embedding", "(record-setting small-GPT runs) a table indexed by a hash of (previous, "
+        "current) token learns bigram statistics directly, which a short run rewards.", ()),
+    "logit_softcap": Row(
+        "Logit soft-cap", "(record-setting small-GPT runs) 15 tanh(z / 15) bounds the logits, which keeps "
+        "the output layer from growing overconfident early.", ()),
+    "muon": Row(
+        "Muon", "(record-setting small-GPT runs) orthogonalising the momentum of each matrix gives every "
+        "direction of an update the same step size, which trains matrices in fewer steps than AdamW.",
+        ("grads",)),
 }
 
 

@@ -36,13 +36,16 @@ TECHNIQUES: dict[str, tuple[dict, dict]] = {
     "bigram_embed": ({"bigram_embed": 16384}, {}),
     "logit_softcap": ({"logit_softcap": 15.0}, {}),
     "muon": ({}, {"name": "muon"}),
+    # the vocabulary changes the head's FLOPs per token (and the text per token: compare bits per byte)
+    "vocab_2048": ({"vocab_size": 2048}, {}),
+    "vocab_8192": ({"vocab_size": 8192}, {}),
 }
 
 
 def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: torch.Tensor):
     """One trainer step of the default model with the overrides, on a pool of fixed batches."""
     torch.manual_seed(0)
-    model = build_model(ModelConfig(**model_overrides), vocab_size=TokenizerConfig().bpe_vocab_size)
+    model = build_model(ModelConfig(**{"vocab_size": TokenizerConfig().bpe_vocab_size, **model_overrides}))
     model.to(runtime.device)
     cfg = OptimConfig(**optim_overrides)
     optimizer = build_optimizer(model, cfg, runtime.type)
@@ -71,8 +74,9 @@ def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 2
     if quick:
         repeats, steps_per_call = 3, 2
     vocab = TokenizerConfig().bpe_vocab_size
+    smallest = min(m.get("vocab_size", vocab) for m, _ in TECHNIQUES.values())
     gen = torch.Generator().manual_seed(0)
-    batches = torch.randint(0, vocab, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
+    batches = torch.randint(0, smallest, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
     batches = batches.to(runtime.device)
     steps = {name: _step_fn(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
 
