@@ -74,9 +74,9 @@ def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 2
     if quick:
         repeats, steps_per_call = 3, 2
     vocab = TokenizerConfig().bpe_vocab_size
-    smallest = min(m.get("vocab_size", vocab) for m, _ in TECHNIQUES.values())
+    n_ids = min(m.get("vocab_size", vocab) for m, _ in TECHNIQUES.values())  # ids every contender embeds
     gen = torch.Generator().manual_seed(0)
-    batches = torch.randint(0, smallest, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
+    batches = torch.randint(0, n_ids, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
     batches = batches.to(runtime.device)
     steps = {name: _step_fn(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
 
