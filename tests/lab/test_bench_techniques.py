@@ -11,12 +11,22 @@ from minigpt.model.config import ModelConfig
 from minigpt.training.config import OptimConfig
 
 
+def _changed(model: dict, optim: dict) -> set[str]:
+    changed = {k for k, v in vars(ModelConfig(**model)).items() if getattr(ModelConfig(), k) != v}
+    return changed | {k for k, v in vars(OptimConfig(**optim)).items() if getattr(OptimConfig(), k) != v}
+
+
 def test_every_contender_is_a_valid_switch_and_the_default_is_the_default_run():
     assert TECHNIQUES["default"] == ({}, {})
-    for name, (model, optim) in TECHNIQUES.items():
-        changed = {k for k, v in vars(ModelConfig(**model)).items() if getattr(ModelConfig(), k) != v}
-        changed |= {k for k, v in vars(OptimConfig(**optim)).items() if getattr(OptimConfig(), k) != v}
+    singles = {name: _changed(*c) for name, c in TECHNIQUES.items() if name != "combined"}
+    for name, changed in singles.items():
         assert len(changed) == (0 if name == "default" else 1), name  # exactly one switch each
+    # the combination is the union of four of the single switches
+    model, optim = TECHNIQUES["combined"]
+    for name in ("qk_norm", "relu2", "value_embeds", "muon"):
+        assert TECHNIQUES[name][0].items() <= model.items() and TECHNIQUES[name][1].items() <= optim.items()
+    assert _changed(model, optim) == set().union(*(singles[n] for n in ("qk_norm", "relu2", "value_embeds",
+                                                                         "muon")))
 
 
 @pytest.mark.slow
@@ -26,4 +36,4 @@ def test_a_quick_run_times_every_contender_against_the_default():
     assert result["rows"]["default"]["ratio"] == 1.0
     assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 for r in result["rows"].values())
     table = format_techniques(result)
-    assert len(table) == 3 + len(TECHNIQUES) and "muon" in table[-1]
+    assert len(table) == 3 + len(TECHNIQUES) and any(line.startswith("| muon ") for line in table)

@@ -36,6 +36,7 @@ TECHNIQUES: dict[str, tuple[dict, dict]] = {
     "bigram_embed": ({"bigram_embed": 16384}, {}),
     "logit_softcap": ({"logit_softcap": 15.0}, {}),
     "muon": ({}, {"name": "muon"}),
+    "combined": ({"qk_norm": True, "activation": "relu2", "value_embeds": True}, {"name": "muon"}),
     # the vocabulary changes the head's FLOPs per token (and the text per token: compare bits per byte)
     "vocab_2048": ({"vocab_size": 2048}, {}),
     "vocab_8192": ({"vocab_size": 8192}, {}),

@@ -1,0 +1,120 @@
+"""The technique screen's table: each arm against its control, paired over seeds.
+
+An arm is a folder of runs `<arm>/s<seed>/` trained by `scripts/train.py` with the same common overrides
+(budget, seed, evaluation) and its own changes; its control is the arm with the same budget and no change.
+`collect(root)` reads each run's final checkpoint (meta.json: the val loss on the whole val split when the
+run was trained with trainer.eval_tokens=all, bits per byte, training seconds) into a JSON-able dict;
+`render_block(doc)` writes the table between the two `tricks` markers of docs/tricks.md, so its numbers
+are never typed (a test checks the page against docs/tricks.json).
+
+The comparison is paired: seed s of an arm and seed s of its control share the initialisation and the
+order of the batches, so the per-seed differences carry less noise than the two means do. The interval
+is the 95% Student-t interval of the mean difference and p the two-sided paired t-test (scipy's
+`ttest_rel`, which a test checks against the formula).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+from scipy import stats
+
+from minigpt.errors import UserError
+
+BEGIN, END = "<!-- tricks:begin -->", "<!-- tricks:end -->"
+# overrides every run of a screen shares; what is left of a run's overrides is its arm's change
+COMMON = ("trainer.seed=", "trainer.max_steps=", "trainer.eval_every=", "trainer.eval_tokens=",
+          "trainer.ckpt_every=", "logging.", "device.type=")
+
+
+def paired(arm: list[float], control: list[float]) -> dict:
+    """Mean of arm - control over paired seeds, its 95% t-interval and the paired t-test's p-value."""
+    d = [a - c for a, c in zip(arm, control, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    if n < 2:
+        return {"n": n, "mean": mean, "low": None, "high": None, "p": None}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    p = float(stats.ttest_rel(arm, control).pvalue) if sd > 0 else (0.0 if mean else 1.0)
+    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half, "p": p}
+
+
+def _read_run(run: Path) -> tuple[list[str], dict]:
+    meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
+    overrides = [line.removeprefix("- ").strip() for line in
+                 (run / ".hydra" / "overrides.yaml").read_text().splitlines() if line.startswith("- ")]
+    change = [o for o in overrides if not o.startswith(COMMON)]
+    return change, {"val_loss": meta["val_loss"], "bits_per_byte": meta["val_bpb"], "step": meta["step"],
+                    "train_seconds": meta["train_seconds"], "eval_tokens": meta["eval"]["eval_tokens"]}
+
+
+def collect(root: Path, step_ratios: dict[str, float] | None = None) -> dict:
+    """Every finished run under `root/<arm>/s<seed>/` by arm, each arm with its change and control."""
+    arms: dict[str, dict] = {}
+    for run in sorted(Path(root).glob("*/s[0-9]*/checkpoints/last/meta.json")):
+        run_dir = run.parents[2]
+        change, result = _read_run(run_dir)
+        arm = arms.setdefault(run_dir.parent.name, {"change": change, "runs": {}})
+        if change != arm["change"]:
+            raise UserError(f"{run_dir} changes {change}, unlike the other runs of its arm ({arm['change']})")
+        arm["runs"][run_dir.name.removeprefix("s")] = result
+    if not arms:
+        raise UserError(f"no finished runs under {root} (expected <arm>/s<seed>/checkpoints/last/meta.json)")
+    for arm in arms.values():
+        arm["steps"] = max(r["step"] for r in arm["runs"].values())
+    for arm in arms.values():
+        controls = [c for c, a in arms.items() if not a["change"] and a["steps"] == arm["steps"]]
+        arm["control"] = controls[0] if arm["change"] and controls else None  # a control has none
+    order = sorted(arms, key=lambda a: (arms[a]["steps"], bool(arms[a]["change"]), a))  # controls first
+    return {"arms": {a: arms[a] for a in order}, "step_ratios": step_ratios or {}}
+
+
+def compare(doc: dict, name: str) -> dict | None:
+    """The paired comparison of arm `name` with its control over the seeds both have."""
+    arm = doc["arms"][name]
+    if arm["control"] is None:
+        return None
+    control = doc["arms"][arm["control"]]["runs"]
+    seeds = sorted(set(arm["runs"]) & set(control))
+    return paired([arm["runs"][s]["val_loss"] for s in seeds], [control[s]["val_loss"] for s in seeds])
+
+
+def render_block(doc: dict) -> str:
+    """The table: one row per arm in the JSON's order, its mean, its paired difference from its control."""
+    lines = ["| arm | change | steps | seeds | val loss (mean) | bits/byte | vs control: Δ [95% interval] | "
+             "paired p | step time |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, arm in doc["arms"].items():
+        runs = list(arm["runs"].values())
+        loss = sum(r["val_loss"] for r in runs) / len(runs)
+        bpb = sum(r["bits_per_byte"] for r in runs) / len(runs)
+        c = compare(doc, name)
+        if c is None:
+            delta, p = "(control)" if not arm["change"] else "-", "-"
+        else:
+            interval = "" if c["low"] is None else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
+            delta = f"{c['mean']:+.3f}{interval} vs {arm['control']}"
+            p = "-" if c["p"] is None else f"{c['p']:.3f}"
+        ratio = doc["step_ratios"].get(name)
+        change = " ".join(f"`{o}`" for o in arm["change"]) or "the default run"
+        time = "-" if ratio is None else f"{ratio:.2f}x"
+        lines.append(f"| {name} | {change} | {arm['steps']:,} | {len(runs)} | {loss:.3f} | {bpb:.3f} "
+                     f"| {delta} | {p} | {time} |")
+    return "\n".join(lines)
+
+
+def replace_block(text: str, block: str) -> str:
+    """`text` with the part between the markers replaced by `block`."""
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        raise UserError(f"no {BEGIN} ... {END} markers in the page to update")
+    return pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", text)
+
+
+def page_block(text: str) -> str:
+    """The text between the markers (what `replace_block` wrote)."""
+    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
