@@ -5,7 +5,8 @@ Examples:
     python scripts/tricks_report.py --render docs/tricks.json --page docs/tricks.md    # re-render only
 
 ROOT holds one folder per arm, `<arm>/s<seed>/`, each a run of `scripts/train.py` (docs/tricks.md gives the
-commands); an arm's control is the arm with the same steps and no change of its own. Writes
+commands); an arm's control is the arm with the same steps and no change of its own, or the one named by
+`--control ARM=CONTROL`. Writes
 `docs/tricks.json` beside the page (every run's numbers) and the page's table between its `tricks` markers
 (minigpt/lab/tricks.py). BENCH_JSON: `python scripts/bench.py only=[techniques] json_out=...`, whose
 step-time ratios become the table's last column for the arms named `<prefix>_<technique>`. Bad input ends
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root", nargs="?", type=Path, help="the folder of arms")
     p.add_argument("--bench", type=Path, help="a bench JSON with the techniques section")
+    p.add_argument("--control", action="append", default=[], metavar="ARM=CONTROL",
+                   help="pair ARM with CONTROL (an equal-time arm: fewer steps than its control)")
     p.add_argument("--render", type=Path, help="re-render the page from this JSON instead of collecting")
     p.add_argument("--page", type=Path, default=Path("docs/tricks.md"), help="the Markdown page to update")
     args = p.parse_args(argv)
@@ -50,7 +53,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.render is not None:
             doc = json.loads(args.render.read_text())
         elif args.root is not None:
-            doc = collect(args.root)
+            pairs = [c.split("=", 1) for c in args.control]
+            if any(len(pair) != 2 for pair in pairs):
+                raise UserError(f"--control takes ARM=CONTROL, got {args.control}")
+            doc = collect(args.root, dict(pairs))
             doc["step_ratios"] = step_ratios(args.bench, doc["arms"])
             out = args.page.with_suffix(".json")
             out.write_text(json.dumps(doc, indent=1) + "\n")

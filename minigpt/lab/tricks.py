@@ -52,8 +52,11 @@ def _read_run(run: Path) -> tuple[list[str], dict]:
                     "train_seconds": meta["train_seconds"], "eval_tokens": meta["eval"]["eval_tokens"]}
 
 
-def collect(root: Path, step_ratios: dict[str, float] | None = None) -> dict:
-    """Every finished run under `root/<arm>/s<seed>/` by arm, each arm with its change and control."""
+def collect(root: Path, controls: dict[str, str] | None = None) -> dict:
+    """Every finished run under `root/<arm>/s<seed>/` by arm, each arm with its change and control: the arm
+    of the same steps without a change, or the one `controls` names (an equal-time arm, trained for fewer
+    steps than its control because each of its steps costs more)."""
+    controls = controls or {}
     arms: dict[str, dict] = {}
     for run in sorted(Path(root).glob("*/s[0-9]*/checkpoints/last/meta.json")):
         run_dir = run.parents[2]
@@ -66,11 +69,14 @@ def collect(root: Path, step_ratios: dict[str, float] | None = None) -> dict:
         raise UserError(f"no finished runs under {root} (expected <arm>/s<seed>/checkpoints/last/meta.json)")
     for arm in arms.values():
         arm["steps"] = max(r["step"] for r in arm["runs"].values())
-    for arm in arms.values():
-        controls = [c for c, a in arms.items() if not a["change"] and a["steps"] == arm["steps"]]
-        arm["control"] = controls[0] if arm["change"] and controls else None  # a control has none
+    unknown = sorted(({*controls, *controls.values()}) - set(arms))
+    if unknown:
+        raise UserError(f"no finished runs of arm {unknown[0]!r} under {root} (named as an arm or a control)")
+    for name, arm in arms.items():
+        same = [c for c, a in arms.items() if not a["change"] and a["steps"] == arm["steps"]]
+        arm["control"] = controls.get(name) or (same[0] if arm["change"] and same else None)
     order = sorted(arms, key=lambda a: (arms[a]["steps"], bool(arms[a]["change"]), a))  # controls first
-    return {"arms": {a: arms[a] for a in order}, "step_ratios": step_ratios or {}}
+    return {"arms": {a: arms[a] for a in order}, "step_ratios": {}}
 
 
 def compare(doc: dict, name: str) -> dict | None:

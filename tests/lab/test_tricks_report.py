@@ -61,6 +61,12 @@ def test_collect_pairs_each_arm_with_the_control_of_its_budget_by_seed(tmp_path)
     assert compare(doc, "s1500_relu2") == paired([4.20], [4.27])  # seed 7 has no pair
     table = render_block(json.loads(json.dumps(doc)))  # as read back from the JSON
     assert "| s500_relu2 | `model.activation=relu2` | 500 | 3 | 4.850 |" in table
+    _run(tmp_path, "s1200_relu2", 0, 1200, 4.25, ["model.activation=relu2"])  # equal time: fewer steps
+    doc = collect(tmp_path, {"s1200_relu2": "base1500"})
+    assert doc["arms"]["s1200_relu2"]["control"] == "base1500"
+    assert compare(doc, "s1200_relu2") == paired([4.25], [4.27])
+    with pytest.raises(UserError, match="base900"):
+        collect(tmp_path, {"s1200_relu2": "base900"})
 
 
 def test_collect_refuses_an_arm_whose_runs_change_different_things(tmp_path):
