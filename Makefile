@@ -65,7 +65,7 @@ docs: install ## regenerate what the tools write under docs/ (tests/project/test
 # report on it. The order here is the order of the table.
 comma := ,
 ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm \
-	qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap muon
+	qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap adamw
 ifndef ABLATION_DIR
 ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
 endif

@@ -120,10 +120,10 @@ ROWS = {
     "logit_softcap": Row(
         "Logit soft-cap", "(record-setting small-GPT runs) 15 tanh(z / 15) bounds the logits, which keeps "
         "the output layer from growing overconfident early.", ()),
-    "muon": Row(
-        "Muon", "(record-setting small-GPT runs) orthogonalising the momentum of each matrix gives every "
-        "direction of an update the same step size, which trains matrices in fewer steps than AdamW.",
-        ("grads",)),
+    "adamw": Row(
+        "AdamW instead of Muon", "(record-setting small-GPT runs) Muon orthogonalises the momentum of each "
+        "matrix, giving every direction of an update the same step size; with AdamW for the matrices too the "
+        "baseline learns more slowly per step.", ("grads",)),
 }
 
 

@@ -25,12 +25,13 @@ OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
 
 @dataclass
 class OptimConfig:
-    """AdamW (or Muon + AdamW) with linear warmup, then a decay to a floor at the end of the budget
-    (`training/optim.py`)."""
+    """Muon for the blocks' matrices and AdamW for the rest (or AdamW for everything), with linear warmup,
+    then a decay to a floor at the end of the budget (`training/optim.py`)."""
 
-    # adamw: AdamW for every parameter | muon: Muon for the blocks' weight matrices (training/muon.py) at
-    # muon_lr, AdamW at lr for the rest (embeddings, head, norms, gates)
-    name: str = "adamw"
+    # muon: Muon for the blocks' weight matrices (training/muon.py) at muon_lr, AdamW at lr for the rest
+    # (embeddings, head, norms, gates); it won the default run's screen (docs/tricks.md) | adamw: AdamW for
+    # every parameter (the only choice under trainer.strategy=fsdp)
+    name: str = "muon"
     lr: float = 6e-3  # peak learning rate, reached at the end of warmup; small models tolerate a high one
     min_lr_ratio: float = 0.1  # the decay ends at lr * min_lr_ratio and stays there
     # cosine: decay over the whole budget | wsd: warmup-stable-decay, the peak held until the last
@@ -44,7 +45,7 @@ class OptimConfig:
     warmup_steps: int = 50  # in steps, also for a time budget: Adam's moments need updates, not seconds
     decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
-    muon_lr: float = 0.02  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
+    muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
 

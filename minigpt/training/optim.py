@@ -81,8 +81,8 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
     if any(isinstance(p, DTensor) for p in matrices):
-        raise UserError("optim.name=muon orthogonalises whole matrices and cannot train FSDP shards; "
-                        "use trainer.strategy=ddp")
+        raise UserError("optim.name=muon (the default) orthogonalises whole matrices and cannot train FSDP "
+                        "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
                    for g in param_groups(model, cfg.weight_decay)]

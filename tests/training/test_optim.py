@@ -201,7 +201,7 @@ def test_muon_steps_like_torchs_muon():
 
 def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
     a, b = _model(), _model()
-    cfg = OptimConfig(lr=1e-2, warmup_steps=0, weight_decay=0.1)
+    cfg = OptimConfig(name="adamw", lr=1e-2, warmup_steps=0, weight_decay=0.1)
     ours = MuonAdamW([{**g, "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
                       for g in param_groups(a, cfg.weight_decay)])
     torchs = build_optimizer(b, cfg)

@@ -35,8 +35,8 @@ TECHNIQUES: dict[str, tuple[dict, dict]] = {
     "smear": ({"smear": True}, {}),
     "bigram_embed": ({"bigram_embed": 16384}, {}),
     "logit_softcap": ({"logit_softcap": 15.0}, {}),
-    "muon": ({}, {"name": "muon"}),
-    "combined": ({"qk_norm": True, "activation": "relu2", "value_embeds": True}, {"name": "muon"}),
+    "adamw": ({}, {"name": "adamw"}),  # the default's Muon replaced by AdamW for the matrices too
+    "combined": ({"qk_norm": True, "activation": "relu2", "value_embeds": True}, {}),
     # the vocabulary changes the head's FLOPs per token (and the text per token: compare bits per byte)
     "vocab_2048": ({"vocab_size": 2048}, {}),
     "vocab_8192": ({"vocab_size": 8192}, {}),

@@ -43,7 +43,7 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     torch.manual_seed(0)
     model = build_model(cfg).to(runtime.device)
     train_model = torch.compile(model) if runtime.compile else model
-    optim_cfg = OptimConfig(lr=6e-4, warmup_steps=warmup_steps)
+    optim_cfg = OptimConfig(name="adamw", lr=6e-4, warmup_steps=warmup_steps)
     optimizer = build_optimizer(model, optim_cfg, runtime.type)
     schedule = LRSchedule(optim_cfg, steps + warmup_steps)
     scaler = runtime.grad_scaler()

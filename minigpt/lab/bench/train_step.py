@@ -70,7 +70,7 @@ def _adamw(model: torch.nn.Module) -> torch.optim.AdamW:
 
 def _trainer_adamw(model: torch.nn.Module, device: torch.device) -> torch.optim.Optimizer:
     """The trainer's optimizer (parameter groups, fused where supported), same hyperparameters."""
-    cfg = OptimConfig(lr=LR, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
+    cfg = OptimConfig(name="adamw", lr=LR, beta1=BETAS[0], beta2=BETAS[1], weight_decay=WEIGHT_DECAY)
     return build_optimizer(model, cfg, device.type)
 
 
