@@ -35,12 +35,12 @@ def main(cfg: DictConfig) -> None:
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, GenerateConfig)
-    model, tokenizer, _ = load_for_generation(config)
+    loaded = load_for_generation(config)
     try:
         if config.interactive:
-            run_interactive(config, model, tokenizer, _read_line, sys.stdout, sys.stderr)
+            run_interactive(config, loaded, _read_line, sys.stdout, sys.stderr)
             return
-        texts, _ = run_samples(config, model, tokenizer, sys.stdout, sys.stderr)
+        texts, _ = run_samples(config, loaded, sys.stdout, sys.stderr)
     except KeyboardInterrupt:
         sys.exit(130)
     (out_dir / "samples.txt").write_text("".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts)))

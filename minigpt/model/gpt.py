@@ -173,7 +173,7 @@ class GPT(nn.Module):
         and so its layout; a lookup reads C strided values per token, which costs nothing next to the head.
         """
         self.eval()
-        weight = self.lm_head.weight
+        weight = self.transformer.wte.weight
         if in_out_layout is None:
             in_out_layout = weight.device.type == "cpu" and weight.dtype == torch.float32
         for module in self.modules():
@@ -230,7 +230,7 @@ class GPT(nn.Module):
         if max_len > cfg.block_size:
             # positions past block_size were never trained (and learned PE has no row for them)
             raise ValueError(f"max_len={max_len} exceeds the model's block_size={cfg.block_size}")
-        weight = self.lm_head.weight
+        weight = self.transformer.wte.weight  # float in every weights_dtype (int8 quantises linears only)
         return KVCache(
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,

@@ -1,6 +1,6 @@
 """The deliberately simple reference generator: no cache, no padding, no batching tricks.
 
-Every step, every row's current window (the same rule as the cached generator, `window.py`) is
+Every step, every row's current window (the same rule as the cached generator, `sequences.py`) is
 run through the full model on its own, and the last position's logits are stacked into a batch.
 It is O(T^2) per token and exists to be obviously right: tests check that the KV-cached
 generator produces the same logits and tokens, and `kv_cache=false` in generate.yaml runs it.

@@ -47,9 +47,9 @@ def config(*overrides: str) -> GenerateConfig:
 def generate_in_process(*overrides: str) -> tuple[str, str]:
     """What the script does after composing: (stdout, stderr)."""
     cfg = config(*overrides)
-    model, tok, _ = load_for_generation(cfg)
+    loaded = load_for_generation(cfg)
     out, err = io.StringIO(), io.StringIO()
-    run_samples(cfg, model, tok, out, err)
+    run_samples(cfg, loaded, out, err)
     return out.getvalue(), err.getvalue()
 
 
@@ -138,10 +138,11 @@ def test_empty_prompt_is_unconditional_and_cache_flag_is_honoured(ckpt: Path):
 
 def test_interactive_session_reports_rebuilds_and_survives_typos(ckpt: Path):
     cfg = config(f"checkpoint={ckpt}", "interactive=true", "max_new_tokens=10", "device=cpu", "stop=[]")
-    model, tok, _ = load_for_generation(cfg)
+    loaded = load_for_generation(cfg)
+    tok = loaded.tokenizer
     lines = iter(["abc", "Zzz", "def gh", "ijk", ""])
     out, err = io.StringIO(), io.StringIO()
-    session = run_interactive(cfg, model, tok, lambda: next(lines), out, err)
+    session = run_interactive(cfg, loaded, lambda: next(lines), out, err)
     log = err.getvalue()
     assert "'Z'" in log and "cache rebuilt" in log  # the typo is reported, 3 turns pass block_size 16
     assert session.history[:3] == tok.encode("abc") and len(session.history) > 16

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from minigpt.generation.run import prepare_for_decoding
+from minigpt.generation.decoder import prepare_for_decoding
 from minigpt.lab.bench.reference import gpt2_like_config, reference_model
 from minigpt.lab.bench.timing import Timing, interleave, peak_memory_bytes, time_call
 from minigpt.model.factory import build_model
@@ -117,11 +117,11 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
     emulated it is the slowest contender by far, and fp32 is the reference's best)."""
     torch.manual_seed(0)
     trained = build_model(gpt2_like_config(**SHAPE)).to(device).eval()
-    models = {"fp32": prepare_for_decoding(copy.deepcopy(trained))}
+    models = {"fp32": prepare_for_decoding(copy.deepcopy(trained)).model}
     refs = {"fp32": reference_model(trained).eval()}
     notes = []
     if bf16:
-        models["bf16"] = prepare_for_decoding(copy.deepcopy(trained).to(torch.bfloat16))
+        models["bf16"] = prepare_for_decoding(copy.deepcopy(trained).to(torch.bfloat16)).model
         if reference_bf16:
             refs["bf16"] = reference_model(models["bf16"]).eval()
         else:
@@ -186,7 +186,7 @@ def overhead_model(device: torch.device) -> GPT:
     of ~40 KB, so a decode step's time is all overhead."""
     cfg = gpt2_like_config(**{**SHAPE, "n_embd": 8 * SHAPE["n_head"], "vocab_size": 64})
     torch.manual_seed(0)
-    return prepare_for_decoding(build_model(cfg).to(device))
+    return prepare_for_decoding(build_model(cfg).to(device)).model
 
 
 def _latency(models: dict[str, GPT], refs: dict[str, torch.nn.Module], positions: tuple[int, ...],
