@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from minigpt.device.probe import synchronize
-from minigpt.model.int8 import quantize_per_channel
+from minigpt.model.int8 import has_packed_kernel, quantize_per_channel
 
 # A candidate must beat the default by this factor to be chosen: the layouts and kernels that differ at all
 # differ by 2x and more, so a smaller ratio is timing noise on a shared machine, not a reason to change.
@@ -134,6 +134,8 @@ def choose_int8_activation_dtype(
     if weight.device.type == "cuda":
         dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return dtype, f"{str(dtype).removeprefix('torch.')} activations on CUDA"
+    if not has_packed_kernel(weight.device, torch.bfloat16, weight.shape[1]):
+        return torch.float32, f"float32 activations: no bfloat16 int8 kernel for {weight.shape[1]} inputs"
     times = measure(weight, rows, [torch.float32, torch.bfloat16])
     speedup = times[torch.float32] / times[torch.bfloat16]
     measured = f"float32 {times[torch.float32] * 1e3:.2f} ms, bfloat16 {times[torch.bfloat16] * 1e3:.2f} ms"

@@ -70,7 +70,10 @@ class Context:
 
     def keep_first(self, n: int) -> None:
         """Forget every token from token n on (rejected drafts); their slots are overwritten later."""
-        if n < self.fed:
+        if n < self.start:  # the window moved past n during the round: nothing cached is kept
+            self.cache.reset()
+            self.start = self.fed = n
+        elif n < self.fed:
             self.cache.rewind(self.cache.length - (self.fed - n))
             self.fed = n
 

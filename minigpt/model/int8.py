@@ -16,7 +16,10 @@ Two products, which must agree (tests/model/test_int8.py):
   does the same for its int8 weight-only layout on GPUs).
 - `torch.ops.aten._weight_int8pack_mm`: PyTorch's own int8 weight-only kernel (CPU and MPS), which reads
   q as int8 and applies the scales in its epilogue, never materialising a float weight. It wants a 2-D
-  input contiguous in its last dimension and scales in the activation dtype.
+  input contiguous in its last dimension and scales in the activation dtype. Its 16-bit CPU kernel walks
+  the input dimension in blocks of 16 and returns garbage (or crashes) for other sizes, so a layer whose
+  input width is not a multiple of 16 uses the reference product in 16-bit activations
+  (`has_packed_kernel`; the tests pin that behaviour down).
 """
 
 from __future__ import annotations
@@ -87,10 +90,16 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernel={kernel}"
 
 
-def has_packed_kernel(device: torch.device) -> bool:
-    """Whether `_weight_int8pack_mm` has a kernel for `device` in PyTorch: CPU and MPS (torchao uses the
-    reference product with torch.compile on every other device, and so does this module)."""
-    return torch.device(device).type in ("cpu", "mps")
+PACKED_BLOCK = 16  # the input-width granularity of `_weight_int8pack_mm`'s 16-bit CPU kernel
+
+
+def has_packed_kernel(device: torch.device, dtype: torch.dtype, in_features: int) -> bool:
+    """Whether `_weight_int8pack_mm` computes a layer of `in_features` inputs in activation `dtype` on
+    `device`: it has kernels for CPU and MPS only (torchao uses the reference product with torch.compile on
+    every other device, and so does this module), and 16-bit ones need a multiple of 16 inputs."""
+    if torch.device(device).type not in ("cpu", "mps"):
+        return False
+    return dtype == torch.float32 or in_features % PACKED_BLOCK == 0
 
 
 @torch.no_grad()
@@ -99,9 +108,9 @@ def quantize_int8(model: nn.Module, dtype: torch.dtype) -> nn.Module:
     activation dtype. A tied embedding keeps its float matrix (a lookup reads one row per token); the head's
     matrix is quantised like any other. Returns `model`."""
     device = next(model.parameters()).device
-    packed = has_packed_kernel(device)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, nn.Linear):
+                packed = has_packed_kernel(device, dtype, child.in_features)
                 setattr(parent, name, Int8Linear.from_linear(child, dtype, packed))
     return model.to(dtype)  # floats only: int8 buffers are left as they are
