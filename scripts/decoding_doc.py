@@ -1,7 +1,10 @@
-"""docs/decoding.md from the bench's JSON: `python scripts/decoding_doc.py [docs/decoding.json]` prints it.
+"""docs/decoding.md with its measured part rendered from the bench's JSON:
+`python scripts/decoding_doc.py [docs/decoding.json [docs/decoding.md]]` prints the whole document.
 
-The JSON is what `python scripts/bench.py --only decoding --json-out docs/decoding.json` writes (the command
-named in the document); `make docs` (scripts/update_docs.py) renders the checked-in document from it.
+The text around the markers is written by hand; between `<!-- bench:begin -->` and `<!-- bench:end -->`
+stand the tables of `minigpt/lab/bench/report_decoding.py`, made from the JSON that
+`python scripts/bench.py --only decoding --json-out docs/decoding.json` writes. `make docs`
+(scripts/update_docs.py) rewrites the document; tests/project/test_docs.py fails while it is stale.
 """
 
 from __future__ import annotations
@@ -12,12 +15,19 @@ from pathlib import Path
 
 from minigpt.lab.bench.report_decoding import render_decoding_doc
 
-COMMAND = "python scripts/bench.py --only decoding --threads 2 --json-out docs/decoding.json"
+ROOT = Path(__file__).resolve().parents[1]
+COMMAND = "python scripts/bench.py --only decoding --json-out docs/decoding.json"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 def main(argv: list[str]) -> None:
-    path = Path(argv[0]) if argv else Path(__file__).resolve().parents[1] / "docs" / "decoding.json"
-    print(render_decoding_doc(json.loads(path.read_text()), COMMAND), end="")
+    results = Path(argv[0]) if argv else ROOT / "docs" / "decoding.json"
+    doc = Path(argv[1]) if len(argv) > 1 else ROOT / "docs" / "decoding.md"
+    text = doc.read_text()
+    head, rest = text.split(BEGIN, 1)
+    tail = rest.split(END, 1)[1]
+    block = render_decoding_doc(json.loads(results.read_text()), COMMAND)
+    print(f"{head}{BEGIN}\n{block}{END}{tail}", end="")
 
 
 if __name__ == "__main__":

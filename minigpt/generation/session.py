@@ -2,7 +2,8 @@
 
 Each turn appends the user's tokens to the history and feeds only those (plus the model's last
 sampled token, which had not been fed yet) through the model: everything earlier is already in
-the cache. The reply is then decoded token by token as in `generate.py`.
+the cache. The reply is then decoded token by token as in `sampling/decode.py`, through the same
+decode step (eager or compiled).
 
 The context follows the same window rule as the generator (`sampling/sequences.py`): the window length is a
 function of the history length alone. Feeding k tokens normally grows the window by k; when the

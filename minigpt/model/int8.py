@@ -12,8 +12,8 @@ channel its precision.
 
 Two products, which must agree (tests/model/test_int8.py):
 - `int8_linear_reference`: the formula above as written, converting q to the activation dtype each call.
-  The simple path, and the CUDA one: torch.compile fuses the conversion into the matmul there (torchao
-  does the same for its int8 weight-only layout on GPUs).
+  The simple path, and the CUDA one: torch.compile fuses the conversion into the matmul there (torchao's
+  plain int8 weight-only layout computes this formula on every device).
 - `torch.ops.aten._weight_int8pack_mm`: PyTorch's own int8 weight-only kernel (CPU and MPS), which reads
   q as int8 and applies the scales in its epilogue, never materialising a float weight. It wants a 2-D
   input contiguous in its last dimension and scales in the activation dtype. Its 16-bit CPU kernel walks
@@ -95,8 +95,8 @@ PACKED_BLOCK = 16  # the input-width granularity of `_weight_int8pack_mm`'s 16-b
 
 def has_packed_kernel(device: torch.device, dtype: torch.dtype, in_features: int) -> bool:
     """Whether `_weight_int8pack_mm` computes a layer of `in_features` inputs in activation `dtype` on
-    `device`: it has kernels for CPU and MPS only (torchao uses the reference product with torch.compile on
-    every other device, and so does this module), and 16-bit ones need a multiple of 16 inputs."""
+    `device`: it has kernels for CPU and MPS only (elsewhere the reference product, which torch.compile
+    fuses), and the 16-bit ones need a multiple of 16 inputs."""
     if torch.device(device).type not in ("cpu", "mps"):
         return False
     return dtype == torch.float32 or in_features % PACKED_BLOCK == 0
