@@ -3,7 +3,7 @@
 
 The text around the markers is written by hand; between `<!-- bench:begin -->` and `<!-- bench:end -->`
 stand the tables of `minigpt/lab/bench/report_decoding.py`, made from the JSON that
-`python scripts/bench.py --only decoding --json-out docs/decoding.json` writes. `make docs`
+`python scripts/bench.py 'only=[decoding]' json_out=docs/decoding.json` writes. `make docs`
 (scripts/update_docs.py) rewrites the document; tests/project/test_docs.py fails while it is stale.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from minigpt.lab.bench.report_decoding import render_decoding_doc
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMAND = "python scripts/bench.py --only decoding --json-out docs/decoding.json"
+COMMAND = "python scripts/bench.py 'only=[decoding]' json_out=docs/decoding.json"
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

@@ -8,9 +8,9 @@ A split is the concatenation of its shards. Documents ([<|endoftext|>, tokens...
 evaluation windows run across shard boundaries, so the shard size changes files, never tokens or batches.
 
 Content hash: sha256. Where the CPU has SHA instructions (x86 since ~2017 -- AMD Zen, Intel Goldmont/Ice
-Lake -- and ARMv8 with crypto extensions) OpenSSL's sha256 runs at 1.6 GB/s on the machine this was written
-on, twice blake2b's 0.8 GB/s (blake2b has no hardware help, so it wins only on CPUs without SHA instructions),
-and sha256 is what the rest of minigpt (fingerprints, the shakespeare download) and `sha256sum` already speak.
+Lake -- and ARMv8 with crypto extensions) OpenSSL's sha256 runs on them and outpaces blake2b, which has no
+hardware help and wins only on CPUs without SHA instructions (docs/performance.md); and sha256 is what the
+rest of minigpt (fingerprints, the shakespeare download) and `sha256sum` already speak.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from minigpt.errors import UserError
 
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # meta.json name -> on-disk dtype
 HASH = "sha256"
-HASH_BLOCK = 1 << 18  # bytes per read: 256 KiB already hashes at full speed, in one reused buffer
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -35,22 +34,6 @@ def dtype_for(vocab_size: int) -> str:
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:03d}.bin"
-
-
-def file_digest(path: Path) -> str:
-    """The hex sha256 of a file, read in blocks (constant memory whatever its size)."""
-    h = hashlib.new(HASH)
-    buffer = memoryview(bytearray(HASH_BLOCK))
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            h.update(buffer[:n])
-    return h.hexdigest()
-
-
-def folder_digests(folder: Path) -> dict[str, str]:
-    """Relative path -> hex sha256 of every file under `folder` (a tokenizer folder, say), sorted by path."""
-    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(Path(folder).rglob("*"))
-            if p.is_file()}
 
 
 class ShardWriter:

@@ -7,17 +7,19 @@
                    verify=stamp  (default) a shard is hashed once, then trusted while its size, mtime and
                                  inode are those recorded in `verified.json` when it last matched
 
-Why stamps by default: hashing runs at ~1.6 GB/s from the page cache (slower from disk), which is
-nothing for the default corpus (about 5 MB of bins: a few ms) but 10+ s for a 10B-token corpus, paid by
-every rank of every job on every start. Anything that writes a shard changes its mtime (and a copy, its
-inode), which sends it back to a full hash; only an edit that restores size and mtime afterwards goes
-unseen, and `data.verify=hash` catches that too. `verified.json` is written atomically and only when it
-changes; if the folder is read-only it is simply not written (every reuse then hashes).
+Why stamps by default: hashing reads every byte of every shard, which is nothing for the default corpus
+(a few MB of bins) but many seconds for a corpus of billions of tokens, paid by every rank of every job on
+every start (`make bench` measures both ways, docs/performance.md). Anything that writes a shard changes
+its mtime (and a copy, its inode), which sends it back to a full hash; only an edit that restores size and
+mtime afterwards goes unseen, and `data.verify=hash` catches that too. `verified.json` is written
+atomically and only when it changes; if the folder is read-only it is simply not written (every reuse then
+hashes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -25,13 +27,30 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from minigpt.data.shards import HASH, file_digest
+from minigpt.data.shards import HASH
 
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"
 STAMP_FILE = "verified.json"
 TOKENIZER_DIR = "tokenizer"
+HASH_BLOCK = 1 << 18  # bytes per read: 256 KiB already hashes at full speed, in one reused buffer
+
+
+def file_digest(path: Path) -> str:
+    """The hex sha256 of a file, read in blocks (constant memory whatever its size)."""
+    h = hashlib.new(HASH)
+    buffer = memoryview(bytearray(HASH_BLOCK))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            h.update(buffer[:n])
+    return h.hexdigest()
+
+
+def folder_digests(folder: Path) -> dict[str, str]:
+    """Relative path -> hex sha256 of every file under `folder` (a tokenizer folder, say), sorted by path."""
+    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(Path(folder).rglob("*"))
+            if p.is_file()}
 
 
 def read_meta(folder: Path, format_version: int) -> tuple[dict[str, Any] | None, str | None]:

@@ -34,7 +34,7 @@ def naive_stream_tokens(
     keep: int | None = None,
     stats: GenerationStats | None = None,
 ) -> Iterator[Step]:
-    """Same interface and outputs as `generate.stream_tokens`, recomputing everything every step."""
+    """Same interface and outputs as `decode.stream_tokens`, recomputing everything every step."""
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep
     rows = Rows(prompts, stop_ids, stop_fn)

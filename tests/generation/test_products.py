@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
+from model_helpers import tiny_config
 
 from minigpt.generation import decoder, products
 from minigpt.generation.products import DEFAULT, ProductSetup
 from minigpt.generation.step import DecodeStep
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -23,7 +23,7 @@ IN_OUT, NO_ONEDNN, BOTH = ProductSetup(True, True), ProductSetup(False, False), 
 
 def _tiny(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=61)).eval()
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=61)).eval()
     return model.to(dtype)
 
 

@@ -1,6 +1,6 @@
 """`make train`'s model decoding: tokens/s of greedy generation at batch 1, eager and compiled.
 
-The default model (configs/model/demo.yaml: 4 layers x 96 wide, one KV head, RoPE, SwiGLU, untied head over
+The default model (ModelConfig's defaults: 4 layers x 96 wide, one KV head, RoPE, SwiGLU, untied head over
 the 4096-token bpe vocabulary) has 1.2M parameters, 4.7 MB in float32: its weights stay in the CPU's caches,
 so a decode step costs what its ops cost to dispatch and run, not what its weights cost to read. Eagerly that
 is a few dozen small ops per layer, each through Python; compiled, a handful of generated kernels and the

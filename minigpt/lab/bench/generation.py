@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from minigpt.data.config import BPE_VOCAB_SIZE
 from minigpt.generation.decoder import Decoder, prepare_for_decoding, quantize_for_decoding
 from minigpt.lab.bench import llama_cpp
 from minigpt.lab.bench.reference import gpt2_like_config, reference_model
@@ -305,10 +306,6 @@ def _prefill(model: GPT, ref: torch.nn.Module, length: int, repeats: int, device
     return {"tokens": length, **{name: t.to_dict() for name, t in timings.items()}}
 
 
-def default_model_config(vocab_size: int = 4096) -> ModelConfig:
-    """`make train`'s model (configs/model/demo.yaml) with the default bpe tokenizer's vocabulary."""
-    from omegaconf import OmegaConf
-
-    path = Path(__file__).resolve().parents[3] / "configs" / "model" / "demo.yaml"
-    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    return ModelConfig(**{**raw, "vocab_size": vocab_size})
+def default_model_config() -> ModelConfig:
+    """`make train`'s model (ModelConfig's defaults) with the default bpe tokenizer's vocabulary."""
+    return ModelConfig(vocab_size=BPE_VOCAB_SIZE)

@@ -23,7 +23,7 @@ under a minute, for smoke tests. Sections:
 
 bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
 are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only) they are emulated
-~100x slower and would take minutes per step to confirm what the peak already says.
+about 100x slower and would take minutes per step to confirm what the peak already says.
 
 The decoding sections compile their decode steps unless --no-compile (or --quick) says otherwise; each
 compiled model is a graph of its own for Dynamo, whose default limit of 8 per function would send the
@@ -77,9 +77,8 @@ def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str 
     """The training contenders worth running here, and a note for each one left out.
 
     Each path runs in fp32 and, where bf16 matmuls are fast, under bf16 autocast: the reference too, so every
-    table compares best with best. torch.compile costs 30-60 s per model on a 2-core CPU, so by default it is
-    measured on shape M only (the shape of the issue's targets), and not at all with --quick; --compile
-    forces it."""
+    table compares best with best. torch.compile costs tens of seconds per model on a small CPU, so by default
+    it is measured on shape M only, and not at all with quick=true; compile= forces it."""
     dtypes = ["fp32"]
     notes = []
     if bf16_is_fast(peak):
