@@ -26,6 +26,7 @@ from minigpt.data.config import PrepareConfig
 from minigpt.errors import UserError, exit_with_error, unwritable_path_message
 from minigpt.generation.config import GenerateConfig
 from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
+from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import ShapeWalkConfig, TemperatureConfig
 from minigpt.training.config import TrainConfig
 
@@ -34,6 +35,7 @@ SCHEMAS = {
     "train_schema": TrainConfig, "prepare_schema": PrepareConfig, "generate_schema": GenerateConfig,
     "temperature_schema": TemperatureConfig, "evaluate_schema": EvaluateConfig,
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
+    "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
 }
 
 

@@ -125,9 +125,10 @@ def test_importing_the_config_schemas_does_not_import_torch():
 
 
 HYDRA_SCRIPTS = (
-    "train", "generate", "prepare_data", "evaluate", "temperature", "attention_maps", "shape_walk",
+    "train", "generate", "prepare_data", "evaluate", "temperature", "attention_maps", "shape_walk", "export",
+    "import_hf",
 )
-ARGPARSE_SCRIPTS = ("bench", "import_gpt2", "loss_curves", "pe_plots")
+ARGPARSE_SCRIPTS = ("bench", "loss_curves", "pe_plots")
 
 
 @pytest.mark.slow
