@@ -1,68 +1,56 @@
-"""Measure minigpt's speed against a reference, in one run: `python scripts/bench.py [--quick] [--only ...]`.
+"""Measure minigpt's speed against references, in one run: `python scripts/bench.py [quick=true] [only=...]`.
 
-Prints a table (medians with min-max of interleaved repeats, ratios to the Hugging Face reference)
-and, with --json-out, writes the same numbers as JSON. The sections and their sizes are described
-in minigpt/lab/bench/suite.py; `make bench ARGS="--quick"` passes flags through.
+Prints a table (medians with min-max of interleaved repeats, ratios to the references) and, with
+json_out=..., writes the same numbers as JSON. The sections and their sizes are described in
+minigpt/lab/bench/suite.py; `make bench ARGS="quick=true"` passes keys through. A section that fails is
+reported in the table, and the command then exits 1; bad input ends with one line and exit code 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
-from minigpt.lab.bench.sections import ALIASES, EXTRA_SECTIONS, SECTIONS, select_sections
+import hydra
+from omegaconf import DictConfig
+
+from minigpt.cli import run_cli, to_object
+from minigpt.config import register_configs
+from minigpt.errors import UserError, reports_user_errors
+from minigpt.lab.config import BenchConfig
+
+register_configs()
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes and few repeats: under a minute")
-    names = ", ".join((*SECTIONS, *EXTRA_SECTIONS, *ALIASES))
-    p.add_argument("--only", nargs="+", metavar="SECTION", help=f"run only these: {names}")
-    p.add_argument("--json-out", type=Path, help="also write the results as JSON to this path")
-    p.add_argument("--threads", type=int, default=None, help="intra-op CPU threads (default: one per core)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available, else cpu), cpu or cuda")
-    p.add_argument("--compile", dest="compile_", action=argparse.BooleanOptionalAction, default=None,
-                   help="include torch.compile contenders (default: yes, except with --quick)")
-    return p.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    import torch  # after parsing: `--help` answers without it
+@hydra.main(version_base="1.3", config_path="../configs", config_name="bench")
+@reports_user_errors
+def main(cfg: DictConfig) -> None:
+    import torch
 
     from minigpt.lab.bench.report import format_report, write_json
+    from minigpt.lab.bench.sections import select_sections
     from minigpt.lab.bench.suite import run_suite
 
-    try:
-        sections = select_sections(args.only)
-        if args.threads is not None:
-            if args.threads < 1:
-                raise UserError(f"--threads {args.threads} must be at least 1")
-            torch.set_num_threads(args.threads)
-        kind = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
-        if kind == "auto":
-            kind = "cpu"
-        if kind not in ("cpu", "cuda") or (kind == "cuda" and not torch.cuda.is_available()):
-            raise UserError(f"--device {args.device} is not available here (use cpu, or cuda with a GPU)")
-        log = lambda msg: print(msg, file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        results = run_suite(sections, torch.device(kind), quick=args.quick, compile_=args.compile_, log=log)
-        results["machine"]["wall_s"] = time.perf_counter() - start
-        print(format_report(results))
-        if args.json_out is not None:
-            write_json(results, args.json_out)
-        failed = [name for name, r in results["sections"].items() if "error" in r]
-        if failed:
-            print(f"error: sections failed: {', '.join(failed)} (see the table)", file=sys.stderr)
-            return 1
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
-    return 0
+    c = to_object(cfg, BenchConfig)
+    if c.threads is not None:
+        torch.set_num_threads(c.threads)
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise UserError("device=cuda but no CUDA device is available (use device=cpu or device=auto)")
+    log = lambda msg: print(msg, file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    results = run_suite(select_sections(c.only), torch.device(kind), quick=c.quick, compile_=c.compile,
+                        log=log)
+    results["machine"]["wall_s"] = time.perf_counter() - start
+    print(format_report(results))
+    if c.json_out is not None:
+        write_json(results, Path(c.json_out))
+    failed = [name for name, r in results["sections"].items() if "error" in r]
+    if failed:
+        print(f"error: sections failed: {', '.join(failed)} (see the table)", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -78,14 +78,14 @@ PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout 150 "$PY" -m pytest -m cuda -q -p no:ca
 step "bench"
 BENCH_RC=0
 if [[ $SMOKE == 1 ]]; then
-  BENCH_ARGS=(--device cpu --quick --only peak train_loop)
+  BENCH_ARGS=(device=cpu quick=true 'only=[peak,train_loop]')
   BENCH_TIMEOUT=240
 else
   # compile is measured where it matters (the training loop); per-step contenders stay eager to save time
-  BENCH_ARGS=(--device cuda --no-compile --only peak train_S train_M generation attention train_loop)
+  BENCH_ARGS=(device=cuda compile=false 'only=[peak,train_S,train_M,generation,attention,train_loop]')
   BENCH_TIMEOUT=330
 fi
-timeout "$BENCH_TIMEOUT" "$PY" scripts/bench.py "${BENCH_ARGS[@]}" --json-out "$WORK/bench.json" \
+timeout "$BENCH_TIMEOUT" "$PY" scripts/bench.py "${BENCH_ARGS[@]}" "json_out=$WORK/bench.json" \
   >"$WORK/bench.txt" 2>"$WORK/bench.err" || BENCH_RC=$?
 cat "$WORK/bench.txt" >&2
 

@@ -2,11 +2,11 @@
 
 Examples:
     python scripts/import_hf.py source=outputs/export/demo-hf out=outputs/imported/demo     # a round trip
-    python scripts/import_hf.py source=path/to/gpt2 out=outputs/imported/gpt2 tokenizer=<tokenizer folder>
+    python scripts/import_hf.py source=path/to/gpt2 out=outputs/imported/gpt2 tokenizer_dir=<folder>
 
 source holds config.json (model_type gpt2 or llama) and model.safetensors (or pytorch_model.bin, read with
 weights_only=True). The checkpoint's tokenizer is the folder's tokenizer.json (a byte-level or character BPE),
-or `tokenizer=` a minigpt tokenizer folder, or for a GPT-2 folder without one tiktoken's gpt2 encoding.
+or `tokenizer_dir=` a minigpt tokenizer folder, or for a GPT-2 folder without one tiktoken's gpt2 encoding.
 `scripts/generate.py checkpoint=<out>` samples from it and `trainer.init_from=<out>` fine-tunes it.
 Nothing existing is overwritten; bad input: one line on stderr, exit code 2.
 """
@@ -16,7 +16,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.config import register_configs, run_cli, to_object
+from minigpt.cli import run_cli, to_object
+from minigpt.config import register_configs
 from minigpt.errors import reports_user_errors
 from minigpt.interop.config import ImportHFConfig
 
@@ -30,7 +31,7 @@ def main(cfg: DictConfig) -> None:
 
     config = to_object(cfg, ImportHFConfig)
     source, out = config.paths()
-    print(f"imported to {import_hf(source, out, config.tokenizer)}")
+    print(f"imported to {import_hf(source, out, config.tokenizer_dir)}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.config import PrepareConfig, register_configs, run_cli, to_object
+from minigpt.cli import run_cli, to_object
+from minigpt.config import PrepareConfig, register_configs
 from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import reports_user_errors
 

@@ -18,17 +18,15 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from minigpt.config import hydra_output_files, register_configs, run_cli, to_object
+from minigpt.cli import hydra_output_files, run_cli, to_object
+from minigpt.config import register_configs
 from minigpt.errors import exit_with_error, reports_user_errors
 from minigpt.training.config import TrainConfig
 from minigpt.training.launch import Launch, rank0_task, this_process
 
 register_configs()
-# `${minigpt_suffix:${run_name}}` in the run folder's name: "_<run_name>" when run_name is set, else nothing.
-if not OmegaConf.has_resolver("minigpt_suffix"):
-    OmegaConf.register_new_resolver("minigpt_suffix", lambda name: f"_{name}" if name else "")
 
 
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # docs file -> (script, arguments)
 DOCS = {
-    # the default tiny model, 16 tokens
-    "docs/shape_walk.txt": ("shape_walk", ["seq_len=16"]),
-    # the reference notes' worked example: batch 4, 8 tokens, 512 wide, 16 heads of 32, the original
+    # the default model (the demo block), 20 tokens (not 16: D/2 = 16 would read as T)
+    "docs/shape_walk.txt": ("shape_walk", ["seq_len=20"]),
+    # a textbook-sized example: batch 4, 8 tokens, 512 wide, 16 heads of 32, the original
     # Transformer's block (model=seed: sinusoidal positions, post-norm, ReLU), one layer
     "docs/shape_walk_notes.txt": ("shape_walk", ["model=seed", "model.n_embd=512", "model.n_head=16",
                                                  "model.n_layer=1", "batch_size=4", "seq_len=8"]),

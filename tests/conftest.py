@@ -26,9 +26,10 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from minigpt.config import register_configs, to_object
+from minigpt.cli import to_object
+from minigpt.config import register_configs
 from minigpt.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,8 +103,6 @@ def seed_every_test() -> None:
 def compose_train(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Compose configs/train.yaml exactly as `scripts/train.py` would, with command-line style overrides."""
     register_configs()
-    if not OmegaConf.has_resolver("minigpt_suffix"):  # the run folder's name (see scripts/train.py)
-        OmegaConf.register_new_resolver("minigpt_suffix", lambda name: f"_{name}" if name else "")
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         return compose(config_name="train", overrides=list(overrides))
 

@@ -18,7 +18,7 @@ import sysconfig
 from pathlib import Path
 
 import torch
-from model_helpers import load_preset
+from model_helpers import load_preset, tiny_config
 
 from minigpt.checkpoint.format import save_checkpoint
 from minigpt.data.tokenizers import TiktokenTokenizer, Tokenizer, train_bpe
@@ -29,8 +29,8 @@ from minigpt.model.gpt import GPT
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 BPE_VOCAB = 512
 SHAPES = {
-    "gpt2_block": ModelConfig(n_layer=2, n_head=4, n_embd=64, block_size=128, activation="gelu_tanh"),
-    "odd_gpt2": ModelConfig(n_layer=3, n_head=3, n_embd=48, block_size=112, activation="gelu_tanh",
+    "gpt2_block": tiny_config(n_layer=2, n_head=4, n_embd=64, block_size=128, activation="gelu_tanh"),
+    "odd_gpt2": tiny_config(n_layer=3, n_head=3, n_embd=48, block_size=112, activation="gelu_tanh",
                             ffn_mult=2.5, bias=False, tie_weights=False),
     "demo": load_preset("demo"),
     "odd_llama": ModelConfig(n_layer=3, n_head=6, n_kv_head=2, n_embd=60, block_size=112,

@@ -13,6 +13,15 @@ from minigpt.model.gpt import GPT
 PRESET_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
 PRESETS = ("tiny", "small", "gpt2", "seed", "modern")
 VOCAB = 61  # odd on purpose: no shape may silently depend on a round vocabulary
+# GPT-2's block at the `tiny` size (configs/model/tiny.yaml): learned positions, pre-norm LayerNorm, GELU,
+# tied embeddings, biases, plain multi-head attention.
+TINY = dict(n_layer=4, n_head=4, n_kv_head=None, n_embd=128, pos_encoding="learned", norm="layernorm",
+            activation="gelu", bias=True, tie_weights=True)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """The `tiny` preset's GPT-2 block, with `overrides` (any ModelConfig field)."""
+    return ModelConfig(**{**TINY, **overrides})
 
 
 def load_preset(name: str) -> ModelConfig:

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_model, save_model
 from torch import nn
 
-from minigpt.data.shards import folder_digests
+from minigpt.data.verify import folder_digests
 from minigpt.errors import UserError, unwritable_path_message
 from minigpt.model.factory import unwrap
 

@@ -43,11 +43,11 @@ from typing import Any
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.data.documents import SPLITS, SourceMissing
 from minigpt.data.encode import encode_corpus
-from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for, folder_digests
+from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for
 from minigpt.data.sources import Corpus, load_corpus
 from minigpt.data.streaming import StreamedCorpus
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
-from minigpt.data.verify import META_FILE, TOKENIZER_DIR, find_damage, read_meta, stamp_now
+from minigpt.data.verify import META_FILE, TOKENIZER_DIR, find_damage, folder_digests, read_meta, stamp_now
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ from minigpt.errors import UserError
 
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}  # meta.json name -> on-disk dtype
 HASH = "sha256"
-HASH_BLOCK = 1 << 18  # bytes per read: 256 KiB already hashes at full speed, in one reused buffer
 
 
 def dtype_for(vocab_size: int) -> str:
@@ -35,22 +34,6 @@ def dtype_for(vocab_size: int) -> str:
 
 def shard_name(split: str, index: int) -> str:
     return f"{split}_{index:03d}.bin"
-
-
-def file_digest(path: Path) -> str:
-    """The hex sha256 of a file, read in blocks (constant memory whatever its size)."""
-    h = hashlib.new(HASH)
-    buffer = memoryview(bytearray(HASH_BLOCK))
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buffer):
-            h.update(buffer[:n])
-    return h.hexdigest()
-
-
-def folder_digests(folder: Path) -> dict[str, str]:
-    """Relative path -> hex sha256 of every file under `folder` (a tokenizer folder, say), sorted by path."""
-    return {p.relative_to(folder).as_posix(): file_digest(p) for p in sorted(Path(folder).rglob("*"))
-            if p.is_file()}
 
 
 class ShardWriter:

@@ -93,11 +93,9 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path
     `choose_cpu_dtype` decide; the log line says what was chosen and why."""
     device = _pick_device(cfg.type, local_rank)
     dtype, why = _pick_dtype(cfg.dtype, device, lambda: cpu_probe(probe_cache))
-    # CPU, measured on this project's 2-core machine (`bench.py --only compile`; README, Performance): the
-    # default run's model compiles in 24 s (4 s once Inductor's disk cache holds it) and then steps 1.33x
-    # faster, won back within one `make train` on the quiet machine; the previous default measured 1.02x.
-    # It stays opt-in on CPU because it needs a C++ toolchain at run time, which a first user may not have
-    # and should not need. On CUDA compiling pays in minutes.
+    # On a CPU compiling stays opt-in: Inductor needs a C++ toolchain at run time, which a first user may not
+    # have and should not need, and the first compile takes tens of seconds of a short run (what it buys is
+    # measured by `scripts/bench.py only=[compile]`, docs/performance.md). On CUDA it pays within minutes.
     compile_model = cfg.compile if cfg.compile is not None else device.type == "cuda"
     problem = compile_problem(device) if compile_model else None
     if problem and cfg.compile:

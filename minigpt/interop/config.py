@@ -54,8 +54,9 @@ class ImportHFConfig:
 
     source: str | None = None  # the HF folder: config.json + model.safetensors (or pytorch_model.bin)
     out: str | None = None  # the checkpoint folder to create; it must not exist yet
-    # a minigpt tokenizer folder; None: the folder's tokenizer.json (tiktoken's gpt2 for a GPT-2 without one)
-    tokenizer: str | None = None
+    # a minigpt tokenizer folder; None: the folder's tokenizer.json (tiktoken's gpt2 for a GPT-2 without one).
+    # Not `tokenizer`: that names the tokenizer config group (configs/tokenizer/) on Hydra's command line.
+    tokenizer_dir: str | None = None
 
     def paths(self) -> tuple[str, str]:
         """(source, out), which have no defaults; UserError naming the one that is missing."""

@@ -85,7 +85,7 @@ def import_tokenizer(folder: Path, tokenizer_dir: str | Path | None, model_type:
     try:
         return build_tokenizer(TokenizerConfig(kind="gpt2"))
     except UserError as e:  # offline without tiktoken's cached file
-        raise UserError(f"{e}; or pass a minigpt tokenizer folder (tokenizer=DIR)") from None
+        raise UserError(f"{e}; or pass a minigpt tokenizer folder (tokenizer_dir=DIR)") from None
 
 
 def import_hf(source: str | Path, out: str | Path, tokenizer_dir: str | Path | None = None) -> Path:

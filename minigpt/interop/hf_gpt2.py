@@ -55,12 +55,12 @@ def config_from_hf(hf: dict) -> ModelConfig:
     n_embd = int(hf.get("n_embd", 768))
     n_inner = hf.get("n_inner") or 4 * n_embd  # null means GPT-2's 4·C
     cfg = ModelConfig(
-        n_layer=int(hf.get("n_layer", 12)), n_head=int(hf.get("n_head", 12)), n_embd=n_embd,
+        n_layer=int(hf.get("n_layer", 12)), n_head=int(hf.get("n_head", 12)), n_kv_head=None, n_embd=n_embd,
         block_size=int(hf.get("n_positions", 1024)), vocab_size=int(hf.get("vocab_size", 50257)),
         pos_encoding="learned", norm="layernorm", norm_placement="pre",
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), activation=HF_TO_MINIGPT_ACTIVATION[act],
         ffn_mult=n_inner / n_embd, bias=True, tie_weights=bool(hf.get("tie_word_embeddings", True)),
-        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/finetune.py)
+        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/resume.py)
     )
     if ffn_hidden_size(cfg) != n_inner:
         raise UserError(f"config.json has n_inner={n_inner}; minigpt needs a multiple of 8 (GPT-2: 4·n_embd)")

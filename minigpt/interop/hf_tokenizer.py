@@ -110,13 +110,14 @@ def tokenizer_from_hf(folder: Path) -> Tokenizer:
     """The minigpt tokenizer a HF folder's tokenizer.json describes; UserError for one it cannot express."""
     file = Path(folder) / TOKENIZER_JSON
     if not file.is_file():
-        raise UserError(f"{folder} has no {TOKENIZER_JSON}; pass a minigpt tokenizer folder (tokenizer=DIR)")
+        raise UserError(f"{folder} has no {TOKENIZER_JSON}; pass a minigpt tokenizer folder "
+                        "(tokenizer_dir=DIR)")
     spec = json.loads(file.read_text(encoding="utf-8"))
     model = spec.get("model") or {}
     specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
     if model.get("type") != "BPE" or EOT not in specials:
         raise UserError(f"{file} is not a byte-level or character BPE with {EOT}; pass a minigpt tokenizer "
-                        "folder (tokenizer=DIR)")
+                        "folder (tokenizer_dir=DIR)")
     vocab: dict[str, int] = model["vocab"]
     pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
     if pattern is None:
@@ -144,7 +145,7 @@ def _byte_level_pattern(pre: dict | None) -> str | None:
     if not kinds:
         return None
     raise UserError(f"the pre-tokenizer {'+'.join(map(str, kinds))} has no minigpt equivalent; pass a "
-                    "minigpt tokenizer folder (tokenizer=DIR)")
+                    "minigpt tokenizer folder (tokenizer_dir=DIR)")
 
 
 def _check_merges_follow_ranks(merges: list, vocab: dict[str, int], file: Path) -> None:
@@ -154,7 +155,7 @@ def _check_merges_follow_ranks(merges: list, vocab: dict[str, int], file: Path) 
     ids = [vocab.get(m.replace(" ", "", 1) if isinstance(m, str) else "".join(m), -1) for m in merges]
     if any(b < a for a, b in zip(ids, ids[1:], strict=False)) or -1 in ids:
         raise UserError(f"{file}'s merges are not in the order of their token ids, so tiktoken would "
-                        "tokenise differently; pass a minigpt tokenizer folder (tokenizer=DIR)")
+                        "tokenise differently; pass a minigpt tokenizer folder (tokenizer_dir=DIR)")
 
 
 def _char_tokenizer(vocab: dict[str, int], merges: list, specials: dict[str, int],
@@ -162,5 +163,5 @@ def _char_tokenizer(vocab: dict[str, int], merges: list, specials: dict[str, int
     chars = sorted(vocab, key=vocab.get)
     if merges or any(len(c) != 1 for c in chars) or specials != {EOT: len(chars)} or chars != sorted(chars):
         raise UserError(f"{file} is a BPE without byte-level steps that is not a minigpt character "
-                        "tokenizer; pass a minigpt tokenizer folder (tokenizer=DIR)")
+                        "tokenizer; pass a minigpt tokenizer folder (tokenizer_dir=DIR)")
     return CharTokenizer(chars)

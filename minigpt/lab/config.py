@@ -2,6 +2,9 @@
 
     ShapeWalkConfig      scripts/shape_walk.py      configs/shape_walk.yaml      lab/shape_walk.py
     TemperatureConfig    scripts/temperature.py     configs/temperature.yaml     lab/temperature.py
+    PEPlotsConfig        scripts/pe_plots.py        configs/pe_plots.yaml        lab/pe_plots.py
+    LossCurvesConfig     scripts/loss_curves.py     configs/loss_curves.yaml     lab/loss_curves.py
+    BenchConfig          scripts/bench.py           configs/bench.yaml           lab/bench/
 """
 
 from __future__ import annotations
@@ -50,3 +53,55 @@ class TemperatureConfig:
         if self.top < 1:
             raise UserError(f"top={self.top} must be at least 1")
         check_weights_dtype(self.weights_dtype)
+
+
+@dataclass
+class PEPlotsConfig:
+    """Root of `configs/pe_plots.yaml` (`scripts/pe_plots.py`)."""
+
+    dim: int = 64  # width C of the sinusoidal table
+    positions: int = 128  # positions in the table
+    head_dim: int = 32  # RoPE head size D
+    starts: list[int] = field(default_factory=lambda: [0, 17, 60])  # positions the offset curves start from
+    out: str = "outputs/inspect/positional_encodings.png"
+
+    def __post_init__(self) -> None:
+        for name in ("dim", "head_dim"):
+            value = getattr(self, name)
+            if value < 2 or value % 2:
+                raise UserError(f"{name}={value} must be even and at least 2 (sin/cos pairs)")
+        if self.positions < 2:
+            raise UserError(f"positions={self.positions} must be at least 2")
+        if not self.starts or min(self.starts) < 0:
+            raise UserError(f"starts={self.starts} must be a non-empty list of positions >= 0")
+
+
+@dataclass
+class LossCurvesConfig:
+    """Root of `configs/loss_curves.yaml` (`scripts/loss_curves.py`)."""
+
+    runs: list[str] = field(default_factory=list)  # run folders, their tb/ folders, or sweep folders;
+    # empty: the newest run under outputs/train
+    out: str = "outputs/inspect/loss_curves.png"
+    title: str = ""  # empty: the overrides all runs share
+
+
+@dataclass
+class BenchConfig:
+    """Root of `configs/bench.yaml` (`scripts/bench.py`)."""
+
+    quick: bool = False  # small sizes and few repeats: under a minute
+    only: list[str] = field(default_factory=list)  # sections (or aliases) to run; empty: the default suite
+    json_out: str | None = None  # also write the results as JSON here
+    threads: int | None = None  # intra-op CPU threads; None: one per core
+    device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda
+    compile: bool | None = None  # include torch.compile contenders; None: yes, except when quick
+
+    def __post_init__(self) -> None:
+        from minigpt.lab.bench.sections import select_sections
+
+        select_sections(self.only)  # a UserError naming an unknown section
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise UserError(f"device={self.device!r} is not one of: auto, cpu, cuda")

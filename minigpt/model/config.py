@@ -26,26 +26,31 @@ DEFAULT_ROPE_BASE = 10000.0
 
 @dataclass
 class ModelConfig:
-    """Every architectural choice of a GPT-style decoder. YAML: `configs/model/*.yaml`."""
+    """Every architectural choice of a GPT-style decoder. YAML: `configs/model/*.yaml`.
+
+    The defaults are the default run's model (`configs/model/demo.yaml`): the Llama-style block (rotary
+    positions, RMSNorm, SwiGLU, one key/value head for three query heads, untied head, no biases), 4 layers
+    x 96 wide. GPT-2's block is `configs/model/tiny.yaml`.
+    """
 
     n_layer: int = 4
-    n_head: int = 4
-    n_kv_head: int | None = None  # None: same as n_head (plain multi-head attention); fewer: GQA
-    n_embd: int = 128
+    n_head: int = 3
+    n_kv_head: int | None = 1  # None: same as n_head (plain multi-head attention); fewer: GQA
+    n_embd: int = 96
     block_size: int = 128  # the longest context the model is trained on
     vocab_size: int | None = None  # None: taken from the tokenizer at build time
-    pos_encoding: str = "learned"
-    norm: str = "layernorm"
+    pos_encoding: str = "rope"
+    norm: str = "rmsnorm"
     norm_placement: str = "pre"
     norm_eps: float = 1e-5
-    activation: str = "gelu"
+    activation: str = "swiglu"
     ffn_mult: float = 4.0  # hidden width of the FFN = ffn_mult * n_embd (swiglu: 2/3 of that, rounded)
     attention: str = "sdpa"
     online_block_size: int = 64  # key/value block length of the `online` attention backend
     dropout: float = 0.0  # after embedding+PE, after W_O, after the FFN down projection
     attn_dropout: float = 0.0  # on the attention probabilities; off by default
-    bias: bool = True
-    tie_weights: bool = True
+    bias: bool = False
+    tie_weights: bool = False
     rope_base: float = DEFAULT_ROPE_BASE
     # ablation switches: the defaults keep each piece; see the module docstring and ablation_warnings
     causal: bool = True  # false: no causal mask in training mode (eval and sampling stay causal)

@@ -81,7 +81,7 @@ class TrainerConfig:
     ckpt_every: int = 100  # `last` checkpoint; also written at the end
     resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
     # Fine-tune: start from the weights, model config and tokenizer of a checkpoint, run folder or Hugging
-    # Face GPT-2 folder, at step 0 with a fresh optimizer (training/finetune.py). None: from scratch.
+    # Face GPT-2 folder, at step 0 with a fresh optimizer (training/resume.py). None: from scratch.
     init_from: str | None = None
     seed: int = 1337
     # Under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2: parameters, gradients and
@@ -127,7 +127,7 @@ class TrainerConfig:
 
 @dataclass
 class LoggingConfig:
-    """Console, progress bar and TensorBoard (`training/tensorboard.py`)."""
+    """Console, progress bar and TensorBoard (`training/reporting.py`)."""
 
     log_every: int = 10  # steps between log lines and TensorBoard scalars (the only host syncs)
     tensorboard: bool = True
@@ -148,19 +148,11 @@ class LoggingConfig:
             raise UserError(f"logging.sample_temperature={self.sample_temperature} must be >= 0")
 
 
-def demo_model() -> ModelConfig:
-    """The default run's model, `configs/model/demo.yaml`: the Llama-style block (RoPE, RMSNorm, SwiGLU, one
-    key/value head, untied head) 4 layers x 96 wide, the winner of the README's CPU speedrun.
-    `ModelConfig()` itself stays GPT-2's block at the `tiny` size: the notes' and the shape walk's."""
-    return ModelConfig(n_head=3, n_kv_head=1, n_embd=96, pos_encoding="rope", norm="rmsnorm",
-                       activation="swiglu", bias=False, tie_weights=False)
-
-
 @dataclass
 class TrainConfig:
     """Root of `configs/train.yaml`."""
 
-    model: ModelConfig = field(default_factory=demo_model)
+    model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

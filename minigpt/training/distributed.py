@@ -140,15 +140,6 @@ def agree_on_stop(stop_requested: bool, seconds: float, env: DistEnv) -> tuple[b
     return flag > 0, seconds
 
 
-def mean_over_ranks(value: float, env: DistEnv) -> float:
-    """The average of a Python float over ranks (the same number on every rank afterwards)."""
-    if not env.enabled:
-        return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.item() / env.world_size
-
-
 def sum_over_ranks(values: list[float], env: DistEnv) -> list[float]:
     """Each of `values` summed over ranks (float64 on CPU: exact for counts up to 2^53), on every rank."""
     if not env.enabled:

@@ -1,6 +1,12 @@
-"""A run's checkpoints: which one a run continues from, what it saves, and how it picks up exactly.
+"""Where a run starts from: scratch (its seeds), a checkpoint it continues (`trainer.resume`), or a model it
+fine-tunes (`trainer.init_from`).
 
-`trainer.resume`:
+**Seeds.** One seed for the weights on every rank, then a dropout stream per rank; the state of every
+stream is saved in each checkpoint (`rng_state`), so a resumed run draws exactly what it would have drawn.
+The loader draws its batches from a generator of its own (data/loader.py, also per rank), and sampling
+during training uses its own seeded generator (sampling/decode.py), so neither touches these.
+
+**Resume.** `trainer.resume`:
     null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite)
     auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
     <path>        a checkpoint folder or run folder, continued in this (new) run folder
@@ -10,26 +16,123 @@ Resuming restores everything a step depends on (weights, optimizer, loss scaler,
 the data stream's position, and the step and training time the lr schedule is a function of), so 10 steps +
 resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A time-budgeted run
 (`trainer.max_time`) continues with the budget it has left.
+
+**Fine-tuning** (`trainer.init_from=<checkpoint | run folder | Hugging Face GPT-2 folder>`). The run starts
+from the source's weights, with the source's model config and tokenizer (the data is tokenised with that
+tokenizer), at step 0, with a fresh optimizer and schedule, in its own run folder. A checkpoint the run
+writes is an ordinary one: `trainer.resume=auto` continues it. Model keys of the run:
+
+    dropout, attn_dropout       this run's values (model.dropout=..., default 0): how to train, not weights
+    attention, online_block_size  this run's values: the backend computes the same numbers
+    block_size                  the source's, or a smaller one you set (learned positions: the first
+                                block_size rows of wpe are kept; rope and sinusoidal tables are rebuilt)
+    anything else               the source's; setting one to another value is refused, naming the key
+
+"Set" means a value other than the default run's model (`TrainConfig().model`: what the composed `model`
+group holds when you give no model override): the config cannot tell a default from a value typed equal to
+it, so `model.block_size=128` (the default) reads as not set.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.contents import Progress, progress_of
-from minigpt.checkpoint.load import resolve_checkpoint
+from minigpt.checkpoint.format import META, TOKENIZER, read_meta
+from minigpt.checkpoint.load import model_config_of, resolve_checkpoint
+from minigpt.data.config import TokenizerConfig
+from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from minigpt.errors import UserError
+from minigpt.interop.hf_gpt2 import config_from_hf, load_hf_gpt2
 from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.model.gpt import GPT
 from minigpt.training import distributed
 from minigpt.training.budget import format_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
-from minigpt.training.seeding import set_rng_state
+
+log = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------------ seeds
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator).
+
+    The same on every rank, so every rank initialises the same weights (FSDP shards them without the
+    broadcast DDP does); `seed_rank_stream` then gives each rank its own dropout masks.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+DROPOUT_STREAM = 1  # keeps the dropout stream of (seed, rank) apart from the loader's (loader.stream_seed)
+
+
+def seed_rank_stream(seed: int, rank: int) -> None:
+    """After initialisation: torch's global RNG (dropout, on CPU and CUDA) gets a stream of its own per rank.
+
+    With one stream, every rank would draw the same masks for its different batch, which is less
+    regularisation than the same run on one device. SeedSequence mixes (seed, rank, stream) into unrelated
+    seeds; a resumed run restores each rank's saved state instead (resume.py).
+    """
+    entropy = np.random.SeedSequence([seed, rank, DROPOUT_STREAM]).generate_state(1, dtype=np.uint64)[0]
+    torch.manual_seed(int(entropy))
+
+
+def rng_state() -> dict[str, Any]:
+    """Every random stream this process draws from, as tensors and plain Python (safe for `weights_only`).
+
+    CUDA: the generator of the current device only (under torchrun each rank has its own device and saves
+    its own state; reading every device's would open a CUDA context on each of them from every rank), and
+    only once CUDA is in use, so a CPU run never initialises it. The trainer saves one of these per rank.
+    """
+    np_state = np.random.get_state(legacy=False)
+    state = {
+        "python": random.getstate(),
+        "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
+                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
+                  "gauss": float(np_state["gauss"])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured (in the process, and on the current CUDA device, it describes)."""
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
+                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
+    torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # older checkpoints: one state per visible device
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            torch.cuda.set_rng_state(cuda)
+
+
+def _as_tuple(x: Any) -> Any:
+    """`random.setstate` wants tuples; a round trip through some serialisers turns them into lists."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# ----------------------------------------------------------------------------------------------------- resume
 
 
 def resume_source(cfg: TrainConfig, out_dir: Path) -> Path | None:
@@ -89,3 +192,102 @@ def restore(state: dict[str, Any], model, optimizer, scaler, loader, env: DistEn
     rng = state["rng"]  # a list by rank; older checkpoints hold one state, rank 0's
     set_rng_state(rng[env.rank] if isinstance(rng, list) else rng)
     return progress_of(state)
+
+
+# ------------------------------------------------------------------------------------------------ fine-tuning
+
+
+RUN_KEYS = ("dropout", "attn_dropout", "attention", "online_block_size")  # always this run's values
+SHRINKABLE = ("block_size",)
+
+
+@dataclasses.dataclass
+class InitFrom:
+    """A fine-tuning source: a minigpt checkpoint folder, or a Hugging Face GPT-2 folder."""
+
+    path: Path
+    is_hf: bool
+    config: ModelConfig  # the source's own model config
+
+    @classmethod
+    def open(cls, init_from: str) -> InitFrom:
+        """Find the source and read its model config (not its weights yet); a bad path fails here."""
+        path = Path(init_from).expanduser()
+        if (path / "config.json").is_file() and not (path / META).is_file():
+            try:
+                hf = json.loads((path / "config.json").read_text())
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path / 'config.json'} is not valid JSON ({e})") from None
+            return cls(path, True, config_from_hf(hf))
+        try:
+            ckpt = resolve_checkpoint(path)
+        except UserError:
+            raise UserError(f"trainer.init_from={init_from} is neither a minigpt checkpoint or run folder "
+                            "nor a Hugging Face GPT-2 folder (config.json + weights)") from None
+        return cls(ckpt, False, model_config_of(read_meta(ckpt), ckpt))
+
+    def model_config(self, run: ModelConfig) -> ModelConfig:
+        """The run's model config: the source's, with the keys a fine-tuning run may change (module doc)."""
+        default, changes = TrainConfig().model, {name: getattr(run, name) for name in RUN_KEYS}
+        for field in dataclasses.fields(ModelConfig):
+            name, mine, theirs = field.name, getattr(run, field.name), getattr(self.config, field.name)
+            if name in RUN_KEYS or mine == getattr(default, name) or mine == theirs:
+                continue
+            if name not in SHRINKABLE:
+                raise UserError(
+                    f"model.{name}={mine} cannot change when fine-tuning from {self.path} (its {name} is "
+                    f"{theirs}); drop the override: the model comes from trainer.init_from, and only "
+                    f"{', '.join(RUN_KEYS + SHRINKABLE)} may be set")
+            if mine > theirs:
+                raise UserError(f"model.{name}={mine} is longer than the context {self.path} was trained "
+                                f"with ({theirs}); fine-tuning can keep or shorten it")
+            changes[name] = mine
+        return dataclasses.replace(self.config, **changes)
+
+    def tokenizer(self, run: TokenizerConfig) -> Tokenizer:
+        """The source's tokenizer. A tokenizer=... choice that is not the source's is refused: the weights
+        know only the ids of the tokenizer they were trained with."""
+        tok = self._load_tokenizer()
+        if run != TokenizerConfig() and not (run.kind == tok.kind and (
+                run.kind != "bpe" or run.bpe_vocab_size == tok.vocab_size)):
+            raise UserError(f"tokenizer={run.kind} cannot be used when fine-tuning from {self.path}, whose "
+                            f"tokenizer is {tok.name}: the data is tokenised with it; drop the tokenizer "
+                            "override")
+        return tok
+
+    def _load_tokenizer(self) -> Tokenizer:
+        if not self.is_hf:
+            return load_tokenizer(self.path / TOKENIZER)
+        try:
+            return build_tokenizer(TokenizerConfig(kind="gpt2"))
+        except UserError as e:  # offline without tiktoken's cached gpt2 file
+            raise UserError(f"{e}; or import the folder with a tokenizer you have first (scripts/"
+                            f"import_gpt2.py {self.path} CHECKPOINT --tokenizer DIR) and set "
+                            "trainer.init_from=CHECKPOINT") from None
+
+    def load_weights(self, model: GPT) -> None:
+        """Copy the source's weights into `model` (built from `model_config`); wpe cut to its block_size."""
+        if self.is_hf:
+            source = load_hf_gpt2(self.path)
+        else:
+            source = build_model(self.config)
+            ckpt.load_weights(source, self.path)  # checks names and shapes; ties wte and lm_head again
+        weights = source.state_dict()  # tied weights appear under both names, as model.load_state_dict wants
+        if "transformer.wpe.weight" in weights:  # learned positions: keep the first block_size rows
+            weights["transformer.wpe.weight"] = weights["transformer.wpe.weight"][: model.config.block_size]
+        with torch.no_grad():
+            model.load_state_dict(weights, strict=True)
+        log.info("fine-tuning from %s: step 0, fresh optimizer and schedule (block_size %d of %d)", self.path,
+                 model.config.block_size, self.config.block_size)
+
+
+def fine_tuning(cfg: TrainConfig, resume_from: Path | None) -> tuple[TrainConfig, InitFrom | None]:
+    """The run's config with the source's model config, and the source; (cfg, None) without init_from.
+
+    A fine-tuning run that is resumed (trainer.resume=auto) reads the config and tokenizer from its own
+    checkpoint, so it continues even when the source has moved; its weights come from the checkpoint too.
+    """
+    if cfg.trainer.init_from is None:
+        return cfg, None
+    init = InitFrom.open(str(resume_from or cfg.trainer.init_from))
+    return dataclasses.replace(cfg, model=init.model_config(cfg.model)), init

@@ -8,11 +8,11 @@ Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs thi
 stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
 `best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
-the current step (`signals.py`). The run ends when its budget is used (`budget.py`: `trainer.max_steps`
-steps and/or `trainer.max_time` of training time, on rank 0's clock); the lr of each step follows the share
-of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (checkpoints in and out), `meter.py`
-(throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one update), `console.py`
-(the progress bar or lines).
+the current step (`minigpt/signals.py`). The run ends when its budget is used (`budget.py`:
+`trainer.max_steps` steps and/or `trainer.max_time` of training time, on rank 0's clock); the lr of each step
+follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
+`budget.py` (also throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one
+update), `reporting.py` (the progress bar or lines, TensorBoard).
 """
 
 from __future__ import annotations
@@ -36,20 +36,17 @@ from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
+from minigpt.signals import GracefulStop
 from minigpt.training import distributed, resume
-from minigpt.training.budget import Budget, format_duration
+from minigpt.training.budget import Budget, ThroughputMeter, format_duration
 from minigpt.training.config import TrainConfig
-from minigpt.training.console import ProgressDisplay, is_terminal
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
-from minigpt.training.finetune import fine_tuning
-from minigpt.training.meter import ThroughputMeter
 from minigpt.training.optim import LRSchedule, build_optimizer
+from minigpt.training.reporting import ProgressDisplay, TensorBoardLogger, is_terminal
+from minigpt.training.resume import fine_tuning, rng_state, seed_everything, seed_rank_stream
 from minigpt.training.run_folder import RunFolder
-from minigpt.training.seeding import rng_state, seed_everything, seed_rank_stream
-from minigpt.training.signals import GracefulStop
 from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
-from minigpt.training.tensorboard import TensorBoardLogger
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +117,7 @@ class Trainer:
         device = self.runtime.device
         seed_everything(tc.seed)
 
-        # tqdm bars only where they redraw in place (see console.py)
+        # tqdm bars only where they redraw in place (see reporting.py)
         bars = self.is_main and cfg.logging.progress_bar and is_terminal(sys.stderr)
         tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it

@@ -219,7 +219,8 @@ def test_prepare_script_succeeds_then_fails_in_one_line(tmp_path: Path) -> None:
 def test_every_data_and_tokenizer_preset_composes(data: str, tokenizer: str) -> None:
     from hydra import compose, initialize_config_dir
 
-    from minigpt.config import PrepareConfig, register_configs, to_object
+    from minigpt.cli import to_object
+    from minigpt.config import PrepareConfig, register_configs
 
     register_configs()
     overrides = [f"data={data}", f"tokenizer={tokenizer}"]

@@ -8,10 +8,10 @@ import logging
 
 import pytest
 import torch
+from model_helpers import tiny_config
 
 from minigpt.device.probe import in_out_layout_speedup
 from minigpt.generation import run
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -19,7 +19,7 @@ from minigpt.sampling.params import SamplingParams
 
 def _tiny(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=61)).eval()
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=61)).eval()
     return model.to(dtype)
 
 

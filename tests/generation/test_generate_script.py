@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from model_helpers import tiny_config
 
 from minigpt.checkpoint.format import save_checkpoint
-from minigpt.config import register_configs, to_object
+from minigpt.cli import to_object
+from minigpt.config import register_configs
 from minigpt.data.tokenizers import CharTokenizer
 from minigpt.errors import UserError
 from minigpt.generation.config import GenerateConfig
 from minigpt.generation.run import load_for_generation, run_interactive, run_samples
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def ckpt(tmp_path: Path) -> Path:
     """A random tiny model with a char tokenizer, saved as a training run would save it."""
     tok = CharTokenizer.from_texts([ALPHABET])
     torch.manual_seed(0)
-    model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16), vocab_size=tok.vocab_size)
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=16), vocab_size=tok.vocab_size)
     meta = {"model_config": dataclasses.asdict(model.config), "step": 0}
     return save_checkpoint(tmp_path / "ckpt", model, {"step": 0}, meta, tok)
 

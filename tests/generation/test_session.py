@@ -4,9 +4,9 @@ whole history (cached and naive), also after the window fills and the cache is r
 from __future__ import annotations
 
 import torch
+from model_helpers import tiny_config
 
 from minigpt.generation.session import Session
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -18,7 +18,7 @@ PARAMS = SamplingParams(1.0, top_k=16)
 def tiny(seed: int = 0, **overrides) -> torch.nn.Module:
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=BLOCK, vocab_size=64, pos_encoding="rope")
     cfg.update(overrides)
-    model = build_model(ModelConfig(**cfg))
+    model = build_model(tiny_config(**cfg))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # sharp random weights, so the context matters (see sampling/test_decode.py)
         for p in model.parameters():

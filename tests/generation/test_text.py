@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from model_helpers import tiny_config
 
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.next_token import sample
@@ -68,7 +68,7 @@ def test_stop_strings_stop_cut_and_are_never_streamed():
 def test_stop_strings_end_generation_in_the_loop():
     tok = ByteTokenizer()
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=16)
+    cfg = tiny_config(n_layer=1, n_head=2, n_embd=16, block_size=16)
     model = build_model(cfg, vocab_size=tok.vocab_size).eval()
     params = SamplingParams(1.0, vocab_size=tok.vocab_size)
 

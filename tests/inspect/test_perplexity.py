@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from model_helpers import tiny_config
 
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.device.config import InferenceDeviceConfig
 from minigpt.inspect.config import EvaluateConfig
 from minigpt.inspect.perplexity import document_tokens, evaluate, sliding_window_loss
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 B, T = 3, 6
@@ -21,7 +21,7 @@ B, T = 3, 6
 def _model(**kw):
     torch.manual_seed(0)
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=8, vocab_size=37)
-    return build_model(ModelConfig(**(cfg | kw)))
+    return build_model(tiny_config(**(cfg | kw)))
 
 
 def test_perplexity_is_exp_of_the_mean_loss_on_a_short_text() -> None:

@@ -1,5 +1,5 @@
-"""End to end: a model trained by the real trainer with the default (demo) architecture and a corpus-trained bpe
-goes through scripts/export.py to both formats, and transformers and llama.cpp continue a prompt with our
+"""End to end: a model trained by the real trainer with the default (demo) architecture and a corpus-trained
+bpe goes through scripts/export.py to both formats, and transformers and llama.cpp continue a prompt with our
 greedy tokens."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from cli_helpers import run_script
 from conftest import compose_train, fast_overrides, write_corpus
 
 from minigpt.checkpoint.load import load_model
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 from minigpt.training.config import TrainConfig

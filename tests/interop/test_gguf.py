@@ -14,11 +14,11 @@ import tiktoken
 import torch
 from cli_helpers import run_script, snapshot
 from interop_helpers import SHAPES, make_checkpoint, save_model, small_bpe, wide_model
+from model_helpers import tiny_config
 
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from minigpt.errors import UserError
 from minigpt.interop.gguf_export import export_gguf, interleave_rope_rows
-from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.rope import RotaryEmbedding, apply_rope
 
@@ -166,7 +166,7 @@ def test_interleaved_rows_make_adjacent_pair_rope_compute_rotate_half() -> None:
 
 
 def test_what_llama_cpp_cannot_compute_is_refused(tmp_path: Path) -> None:
-    gelu = wide_model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, activation="gelu"), 300)
+    gelu = wide_model(tiny_config(n_layer=1, n_head=2, n_embd=32, block_size=16, activation="gelu"), 300)
     with pytest.raises(UserError, match=r"model\.activation=gelu has no GGUF equivalent"):
         export_gguf(gelu, small_bpe(), tmp_path / "a.gguf", "f32", "t")
     demo = wide_model(SHAPES["demo"], 300)
@@ -182,8 +182,8 @@ def test_what_llama_cpp_cannot_compute_is_refused(tmp_path: Path) -> None:
 
 def test_the_script_refuses_in_one_line_and_leaves_nothing(tmp_path: Path, capsys, monkeypatch) -> None:
     ckpt, _ = make_checkpoint(tmp_path / "ckpt", "demo")
-    post = wide_model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, norm_placement="post"), 512)
-    ablated = wide_model(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, attn_scale="none"), 512)
+    post = wide_model(tiny_config(n_layer=1, n_head=2, n_embd=32, block_size=16, norm_placement="post"), 512)
+    ablated = wide_model(tiny_config(n_layer=1, n_head=2, n_embd=32, block_size=16, attn_scale="none"), 512)
     save_model(tmp_path / "post", post, small_bpe())
     save_model(tmp_path / "ablated", ablated, small_bpe())
     before = snapshot(tmp_path)

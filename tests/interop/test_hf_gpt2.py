@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import tiny_config
 from safetensors.torch import load_file, save_file
 
 from minigpt.checkpoint.load import load_model
@@ -135,20 +136,18 @@ def test_bad_inputs_are_user_errors(tmp_path: Path, hf_folder) -> None:
 
 
 def test_export_refuses_what_gpt2_cannot_express() -> None:
-    from minigpt.model.config import ModelConfig
     from minigpt.model.factory import build_model
 
-    cfg = ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20, norm="rmsnorm")
+    cfg = tiny_config(n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=20, norm="rmsnorm")
     model = build_model(cfg)
     with pytest.raises(UserError, match="model.norm=rmsnorm"):
         hf_state_dict(model)
 
 
 def test_a_model_without_biases_exports_as_gpt2_with_zero_biases() -> None:
-    from minigpt.model.config import ModelConfig
     from minigpt.model.factory import build_model
 
-    model = build_model(ModelConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=20, bias=False))
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=20, bias=False))
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)

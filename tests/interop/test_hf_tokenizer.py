@@ -81,7 +81,7 @@ def test_a_gpt2_style_tokenizer_json_reads_back_with_gpt2s_pattern(tmp_path: Pat
 
 def test_tokenizer_json_it_cannot_express_is_refused(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordPiece", "vocab": {}}}))
-    with pytest.raises(UserError, match="tokenizer=DIR"):
+    with pytest.raises(UserError, match="tokenizer_dir=DIR"):
         tokenizer_from_hf(tmp_path)
     save_hf_tokenizer(small_bpe(), tmp_path, model_max_length=64)
     spec = json.loads((tmp_path / "tokenizer.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 from cli_helpers import run_script
 from conftest import CONFIG_DIR, ROOT, compose_train, fast_overrides
 
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.data.eval_windows import eval_windows
 from minigpt.lab.ablation_report import BEGIN, END, ROWS, readme_block, render_block
 from minigpt.lab.loss_curves import read_scalars

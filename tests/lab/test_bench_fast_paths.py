@@ -12,9 +12,9 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from model_helpers import tiny_config
 
 from minigpt.model.chunked_loss import linear_cross_entropy
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 
@@ -49,7 +49,7 @@ def test_chunked_loss_without_autograd_is_just_the_loss() -> None:
 
 def _tiny(**kw) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=61, **kw)
+    cfg = tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=61, **kw)
     return build_model(cfg)
 
 

@@ -1,8 +1,7 @@
-"""scripts/bench.py end to end: a cheap quick run writes valid JSON and a table; bad flags are one line."""
+"""scripts/bench.py end to end: a cheap quick run writes valid JSON and a table; a bad key is one line."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_script
 
 from minigpt.lab.bench.generation import minigpt_generate, reference_generate
 from minigpt.lab.bench.reference import gpt2_like_config, reference_model
@@ -26,8 +26,7 @@ def test_quick_bench_writes_json_and_table(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--only", "peak", "attention", "--threads", "1",
-         "--json-out", str(out)],
+        [sys.executable, str(SCRIPT), "quick=true", "only=[peak,attention]", "threads=1", f"json_out={out}"],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
@@ -46,12 +45,8 @@ def test_quick_bench_writes_json_and_table(tmp_path: Path) -> None:
 
 
 def test_unknown_section_is_one_line_and_exit_2(capsys) -> None:
-    spec = importlib.util.spec_from_file_location("bench_script", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert script.main(["--only", "speed"]) == 2
-    err = capsys.readouterr().err
-    assert err.strip().count("\n") == 0 and "--only 'speed'" in err
+    run = run_script("bench", ["only=[speed]"], capsys)
+    assert run.code == 2 and len(run.err_lines) == 1 and "only='speed' is not a section" in run.err
 
 
 def test_generation_contenders_emit_the_same_greedy_tokens() -> None:

@@ -52,7 +52,7 @@ def test_peak_memory_sees_a_large_temporary() -> None:
 def test_sections_expand_aliases_and_reject_unknown_names() -> None:
     assert select_sections(["data", "train"]) == ["train_S", "train_M", "data"]  # suite order
     assert select_sections(None)[0] == "peak"
-    with pytest.raises(UserError, match="--only 'trian'"):
+    with pytest.raises(UserError, match="only='trian'"):
         select_sections(["trian"])
 
 

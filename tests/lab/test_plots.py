@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from matplotlib.image import imread
+from model_helpers import tiny_config
 from torch.utils.tensorboard import SummaryWriter
 
 from minigpt.errors import UserError
@@ -16,7 +17,6 @@ from minigpt.inspect.attention_maps import attention_figure, attention_probs, lo
 from minigpt.inspect.plotting import DPI, save_png
 from minigpt.lab.loss_curves import load_runs, plot_loss_curves, read_scalars
 from minigpt.lab.pe_plots import plot_positional_encodings, rope_similarity, sinusoidal_similarity
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 
@@ -118,7 +118,7 @@ def test_sweep_runs_are_labelled_by_their_own_overrides(tmp_path: Path) -> None:
 @pytest.fixture
 def tiny_model():
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=30, attention="sdpa")
+    cfg = tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=30, attention="sdpa")
     return build_model(cfg)
 
 

@@ -1,4 +1,4 @@
-"""Inspection entry points: the argparse tools in-process, the Hydra shape walk as a subprocess."""
+"""The lab's file tools in this process through their real entry points, the shape walk as a subprocess."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import run_script
 from matplotlib.image import imread
+from test_plots import _write_run
 
 from minigpt.inspect.plotting import save_png
 from minigpt.lab.pe_plots import plot_positional_encodings
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))  # the argparse scripts expose main(argv)
-
-import loss_curves  # noqa: E402
-import pe_plots  # noqa: E402
-from test_plots import _write_run  # noqa: E402
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -26,23 +23,26 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_pe_plots_and_loss_curves_write_pngs_of_their_input(tmp_path: Path, capsys) -> None:
-    # pe_plots: the figure the library draws for these arguments (test_inspect_plots reads what that is)
-    pe_plots.main(["--dim", "16", "--positions", "32", "--head-dim", "8", "--out", str(tmp_path / "pe.png")])
+    # pe_plots: the figure the library draws for these arguments (test_plots.py reads what that is)
+    args = ["dim=16", "positions=32", "head_dim=8", f"out={tmp_path / 'pe.png'}"]
+    run = run_script("pe_plots", args, capsys)
+    assert run.code == 0, run.err
     reference = save_png(plot_positional_encodings(dim=16, n_positions=32, head_dim=8), tmp_path / "ref.png")
     assert np.array_equal(imread(tmp_path / "pe.png"), imread(reference))
     # loss_curves: the same labels and title; other logged values give another image, the same ones the same
     for name, lr in (("a", 0.05), ("b", 0.2), ("c", 0.05)):
         _write_run(tmp_path / name / "run", lr, [])
         out = str(tmp_path / f"{name}.png")
-        loss_curves.main([str(tmp_path / name / "run"), "--title", "t", "--out", out])
+        args = [f"runs=[{tmp_path / name / 'run'}]", "title=t", f"out={out}"]
+        run = run_script("loss_curves", args, capsys)
+        assert run.code == 0, run.err
     a, b, c = (imread(tmp_path / f"{name}.png") for name in "abc")
     assert a.shape == b.shape and not np.array_equal(a, b) and np.array_equal(a, c)
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        loss_curves.main([str(tmp_path / "missing")])
-    assert e.value.code == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and err.count("\n") == 1  # one line, no traceback
+    for bad in (["dim=15"], ["positions=1"]):
+        run = run_script("pe_plots", bad, capsys)
+        assert run.code == 2 and len(run.err_lines) == 1 and run.err.startswith("error:"), run.err
+    run = run_script("loss_curves", [f"runs=[{tmp_path / 'missing'}]"], capsys)
+    assert run.code == 2 and len(run.err_lines) == 1 and run.err.startswith("error:"), run.err
 
 
 @pytest.mark.slow

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import torch
+from model_helpers import tiny_config
 
 from minigpt.lab.shape_walk import format_walk, walk_shapes
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 B, T = 3, 6
@@ -14,7 +14,7 @@ B, T = 3, 6
 def _model(**kw):
     torch.manual_seed(0)
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=8, vocab_size=37)
-    return build_model(ModelConfig(**(cfg | kw)))
+    return build_model(tiny_config(**(cfg | kw)))
 
 
 def test_shape_walk_rows_are_the_observed_shapes_in_call_order() -> None:

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from model_helpers import tiny_config
 
-from minigpt.config import register_configs, to_object
+from minigpt.cli import to_object
+from minigpt.config import register_configs
 from minigpt.errors import UserError
 from minigpt.lab.config import TemperatureConfig
 from minigpt.lab.temperature import (
@@ -22,7 +24,6 @@ from minigpt.lab.temperature import (
     next_token_logits,
     temperature_figure,
 )
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.next_token import probabilities
 from minigpt.sampling.params import SamplingParams
@@ -32,7 +33,7 @@ VOCAB = 64
 
 def real_logits() -> torch.Tensor:
     """Next-token logits of a small model with sharp random weights (GPT-2's init is near-uniform)."""
-    model = build_model(ModelConfig(n_layer=2, n_head=4, n_embd=32, block_size=16), vocab_size=VOCAB).eval()
+    model = build_model(tiny_config(n_layer=2, n_head=4, n_embd=32, block_size=16), vocab_size=VOCAB).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():

@@ -10,11 +10,10 @@ import math
 
 import pytest
 import torch
-from model_helpers import VOCAB, shrunk_config
+from model_helpers import VOCAB, shrunk_config, tiny_config
 
 from minigpt.model.attention import CausalSelfAttention, math_attention
 from minigpt.model.block import Block
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -47,7 +46,7 @@ def train_on_walks(steps: int = 150, **overrides) -> tuple[torch.nn.Module, floa
     last training loss). Rotary positions make "look one token back/ahead" one pattern for all positions."""
     torch.manual_seed(0)
     sizes = {"n_layer": 2, "n_head": 4, "n_embd": 32, "block_size": WALK_T, "vocab_size": WALK_V}
-    model = build_model(ModelConfig(**{**sizes, "pos_encoding": "rope", **overrides})).train()
+    model = build_model(tiny_config(**{**sizes, "pos_encoding": "rope", **overrides})).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     for step in range(steps):
         seq = walk(16, seed=1000 + step)
@@ -111,7 +110,7 @@ def test_without_the_scale_the_softmax_saturates_and_its_gradient_vanishes():
     q, k, v, upstream = (torch.randn(B, H, T, D, generator=g) for _ in range(4))
     measured = {}
     for attn_scale in ("sqrt", "none"):
-        cfg = ModelConfig(n_layer=1, n_head=1, n_embd=D, vocab_size=VOCAB, attn_scale=attn_scale)
+        cfg = tiny_config(n_layer=1, n_head=1, n_embd=D, vocab_size=VOCAB, attn_scale=attn_scale)
         scale = CausalSelfAttention(cfg, 0).scale
         qq = q.clone().requires_grad_()
         y, p = math_attention(qq, k, v, None, True, scale=scale)

@@ -10,15 +10,15 @@ import pytest
 import torch
 from cli_helpers import run_script
 from conftest import compose_train, fast_overrides
-from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config
+from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config, tiny_config
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
 from minigpt.interop.hf_gpt2 import hf_config_from_model
-from minigpt.model.config import ModelConfig, ablation_warnings
+from minigpt.model.config import ablation_warnings
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -41,7 +41,7 @@ def _tokens(B: int = 2, T: int = 12, seed: int = 0) -> torch.Tensor:
 
 
 def test_every_switch_defaults_to_keeping_its_piece():
-    cfg = ModelConfig()
+    cfg = tiny_config()
     assert (cfg.causal, cfg.attn_scale, cfg.residual, cfg.final_norm) == (True, "sqrt", True, True)
     for preset in PRESETS:
         assert ablation_warnings(load_preset(preset)) == [], preset
@@ -66,7 +66,7 @@ def test_each_switch_has_one_warning_line_naming_its_key(name):
 ])
 def test_nonsense_values_and_combinations_are_one_line_user_errors(overrides, field):
     with pytest.raises(UserError) as err:
-        ModelConfig(**overrides)
+        tiny_config(**overrides)
     assert field in str(err.value) and "\n" not in str(err.value)
 
 

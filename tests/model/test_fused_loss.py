@@ -15,10 +15,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from model_helpers import tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from minigpt.model.chunked_loss import LinearCrossEntropy, linear_cross_entropy
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-9, torch.float16: 2.0**-12}
@@ -98,7 +98,7 @@ def test_under_autocast_the_matmuls_run_in_bf16_and_no_full_logits_exist() -> No
 
 def _tiny(**kw) -> torch.nn.Module:
     torch.manual_seed(0)
-    cfg = ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=61, **kw)
+    cfg = tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=61, **kw)
     model = build_model(cfg)
     with torch.no_grad():  # larger weights than GPT-2's init, so that every gradient is far from zero
         for p in model.parameters():

@@ -8,10 +8,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config, shrunk_model
+from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config, shrunk_model, tiny_config
 
 from minigpt.errors import UserError
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
@@ -152,7 +151,7 @@ BAD_CONFIGS = [
 @pytest.mark.parametrize("overrides,field", BAD_CONFIGS)
 def test_invalid_configs_raise_user_error_naming_the_field(overrides, field):
     with pytest.raises(UserError, match=field) as err:
-        ModelConfig(**overrides)
+        tiny_config(**overrides)
     assert "\n" not in str(err.value)
 
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 from conftest import CONFIG_DIR, compose_train
 
-from minigpt.config import SCHEMAS, register_configs, to_object
+from minigpt.cli import to_object
+from minigpt.config import SCHEMAS, register_configs
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
@@ -139,3 +140,14 @@ def test_every_tool_config_composes_to_its_dataclass_defaults(name: str, schema:
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
         composed = compose(config_name=name.removesuffix("_schema"))
     assert to_object(composed, schema) == schema()
+
+
+def test_the_model_presets_of_the_defaults_are_the_dataclass_and_the_test_helper():
+    """`model=demo` is ModelConfig()'s defaults; `model=tiny` is GPT-2's block that tests build with
+    model_helpers.tiny_config: both restate their source, and neither may drift from it."""
+    from model_helpers import tiny_config
+
+    from minigpt.model.config import ModelConfig
+
+    assert to_object(compose_train(["model=demo"]), TrainConfig).model == ModelConfig()
+    assert to_object(compose_train(["model=tiny"]), TrainConfig).model == tiny_config()

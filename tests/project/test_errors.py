@@ -27,7 +27,7 @@ from cli_helpers import run_script, snapshot
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.training.config import TrainConfig
 from minigpt.training.trainer import train
 
@@ -87,7 +87,7 @@ def _train_args(w: Path) -> list[str]:
 
 HOLDER = """import sys
 from pathlib import Path
-from minigpt.training.run_lock import RunLock
+from minigpt.training.run_folder import RunLock
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire()
 print("locked", flush=True)

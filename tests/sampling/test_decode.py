@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_helpers import tiny_config
 from omegaconf import OmegaConf
 
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -37,7 +37,7 @@ def _sharpen(model: torch.nn.Module, seed: int) -> torch.nn.Module:
 def tiny(seed: int = 0, **overrides) -> torch.nn.Module:
     cfg = dict(n_layer=2, n_head=4, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, dropout=0.0)
     cfg.update(overrides)
-    return _sharpen(build_model(ModelConfig(**cfg)), seed)
+    return _sharpen(build_model(tiny_config(**cfg)), seed)
 
 
 def preset(name: str) -> torch.nn.Module:
@@ -46,7 +46,7 @@ def preset(name: str) -> torch.nn.Module:
     gqa = cfg.get("n_kv_head") not in (None, cfg["n_head"])
     cfg.update(n_layer=2, n_head=4, n_kv_head=2 if gqa else None, n_embd=32, block_size=BLOCK,
                vocab_size=VOCAB, dropout=0.0)  # fmt: skip
-    return _sharpen(build_model(ModelConfig(**cfg)), 1)
+    return _sharpen(build_model(tiny_config(**cfg)), 1)
 
 
 def run(model, prompts, n, params=GREEDY, use_cache=True, seed=0, **kw):

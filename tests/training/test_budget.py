@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.errors import UserError
 from minigpt.training.budget import Budget, format_duration, parse_duration
 from minigpt.training.config import TrainConfig

@@ -12,7 +12,7 @@ from cli_helpers import run_script
 from conftest import fast_overrides
 
 from minigpt.training.budget import Budget
-from minigpt.training.console import ProgressDisplay
+from minigpt.training.reporting import ProgressDisplay
 
 
 class Terminal(io.StringIO):
@@ -45,7 +45,7 @@ def test_on_a_terminal_the_bar_redraws_in_place_and_logs_no_lines(caplog):
             display.step_done()
             display.report(step, 2.5, 1e-3, 1000.0, float(step), 1.0)
     assert "\r" in terminal.getvalue() and "4/4" in terminal.getvalue()
-    assert not [r for r in caplog.records if r.name == "minigpt.training.console"]
+    assert not [r for r in caplog.records if r.name == "minigpt.training.reporting"]
 
 
 def test_elsewhere_the_display_writes_nothing_on_the_stream_but_logs_each_report(caplog):
@@ -54,7 +54,7 @@ def test_elsewhere_the_display_writes_nothing_on_the_stream_but_logs_each_report
         display.step_done()
         display.report(1, 2.5, 1e-3, 1234.0, 15.0, 15.0)
     assert pipe.getvalue() == ""
-    assert [r.getMessage() for r in caplog.records if r.name == "minigpt.training.console"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "minigpt.training.reporting"] == [
         "step 1 | loss 2.5000 | lr 1.00e-03 | 1,234 tok/s | 0:15 trained, ~0:45 left"]
 
 

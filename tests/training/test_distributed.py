@@ -124,7 +124,7 @@ def runs(tmp_path_factory):
     """Single-process reference + the 2-process runs; returns their folders."""
     from conftest import compose_train, fast_overrides, write_corpus
 
-    from minigpt.config import to_object
+    from minigpt.cli import to_object
 
     root = tmp_path_factory.mktemp("dist")
     corpus = write_corpus(root / "corpus")

@@ -12,13 +12,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import run_script
+from model_helpers import tiny_config
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.data.prepare import prepare_dataset
 from minigpt.data.tokenizers import EOT
 from minigpt.device.runtime import Runtime
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.config import LoggingConfig
 from minigpt.training.dist_env import DistEnv
@@ -58,7 +58,7 @@ def test_bits_per_byte_equals_an_independent_computation(tmp_path: Path, kind: s
                                progress=False)
     tok = prepared.tokenizer
     torch.manual_seed(0)
-    model = build_model(ModelConfig(n_layer=1, n_head=2, n_embd=16, block_size=T), vocab_size=tok.vocab_size)
+    model = build_model(tiny_config(n_layer=1, n_head=2, n_embd=16, block_size=T), vocab_size=tok.vocab_size)
     score = _evaluation(model, prepared, budget=None).score()
 
     # Independently: the token stream from the files, disjoint windows of T targets, the last one ending at

@@ -12,6 +12,7 @@ import pytest
 import torch
 from cli_helpers import run_script
 from conftest import write_corpus
+from model_helpers import tiny_config
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.checkpoint import format as ckpt
@@ -20,10 +21,10 @@ from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
-from minigpt.training import finetune
+from minigpt.training import resume as finetune
 from minigpt.training.config import TrainConfig
-from minigpt.training.finetune import InitFrom
 from minigpt.training.optim import LRSchedule
+from minigpt.training.resume import InitFrom
 from minigpt.training.trainer import train
 
 transformers = pytest.importorskip("transformers")
@@ -56,7 +57,7 @@ def test_fine_tune_an_imported_gpt2_on_a_text_corpus(hf_gpt2, tmp_path: Path, ca
     ckpt_dir, run = tmp_path / "imported", tmp_path / "run"
     corpus = write_corpus(tmp_path / "corpus")
     imported = run_script("import_hf", [f"source={root / 'hf'}", f"out={ckpt_dir}",
-                                        f"tokenizer={root / 'tokenizer'}"], capsys)
+                                        f"tokenizer_dir={root / 'tokenizer'}"], capsys)
     assert imported.code == 0, imported.err
 
     # An imported checkpoint has no run to continue: resuming it says, in one line, what to do instead.
@@ -132,7 +133,7 @@ def test_fine_tune_a_minigpt_run_as_a_new_run(make_train_cfg, tmp_path: Path):
 
 
 def test_which_model_keys_a_fine_tuning_run_may_change(tmp_path: Path):
-    source = ModelConfig(n_layer=3, n_head=2, n_embd=32, block_size=64, vocab_size=300, dropout=0.2,
+    source = tiny_config(n_layer=3, n_head=2, n_embd=32, block_size=64, vocab_size=300, dropout=0.2,
                          pos_encoding="rope")
     init = InitFrom(tmp_path / "src", False, source)
 

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from minigpt.device import runtime as rt
 from minigpt.device.config import DeviceConfig
 from minigpt.model.factory import build_model
-from minigpt.training.meter import ThroughputMeter
+from minigpt.training.budget import ThroughputMeter
 
 
 def _vector_params(model: torch.nn.Module) -> int:
@@ -102,7 +102,7 @@ def test_mfu_never_exceeds_one(caplog):
     meter = _meter(50_000.0, 1, clock)  # the model will reach 100 FLOPs/token x 1000 tokens/s = 100,000
     meter.step_done()
     clock.now = 1.0
-    with caplog.at_level(logging.WARNING, logger="minigpt.training.meter"):
+    with caplog.at_level(logging.WARNING, logger="minigpt.training.budget"):
         first = meter.interval()
         meter.step_done()
         clock.now = 3.0  # half as fast: 500 tokens/s

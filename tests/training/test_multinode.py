@@ -24,7 +24,7 @@ import torch.multiprocessing as mp
 from cluster_helpers import assert_same_weights, event_writers, free_port, train_two_ranks
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.errors import UserError
 from minigpt.training import launch as launch_module
 from minigpt.training.config import TrainConfig

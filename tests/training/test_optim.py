@@ -6,10 +6,10 @@ import math
 
 import pytest
 import torch
+from model_helpers import tiny_config
 
 from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
-from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import LRSchedule, build_optimizer, param_groups
@@ -20,7 +20,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 
 def _model(seed: int = 0, **kw) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**TINY, **kw}), vocab_size=64)
+    return build_model(tiny_config(**{**TINY, **kw}), vocab_size=64)
 
 
 def _batch(b: int, t: int = 16, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ import pytest
 from cluster_helpers import assert_same_weights, event_writers, train_two_ranks
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 
-from minigpt.config import to_object
+from minigpt.cli import to_object
 from minigpt.training.config import TrainConfig
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher")

@@ -9,7 +9,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
-from minigpt.training.tensorboard import FINAL_METRICS
+from minigpt.training.reporting import FINAL_METRICS
 from minigpt.training.trainer import train
 
 

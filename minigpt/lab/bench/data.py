@@ -35,7 +35,7 @@ LOADER_SHAPE = (16, 1024)  # B, T: a GPT-2-sized batch of windows
 
 def bench_data(quick: bool = False, repeats: int = 3) -> dict:
     data_cfg = DataConfig()
-    # --quick caps the BPE's training text; the encode still covers the whole corpus
+    # quick=true caps the BPE's training text; the encode still covers the whole corpus
     tok_cfg = TokenizerConfig(train_chars=1_000_000) if quick else TokenizerConfig()
     with tempfile.TemporaryDirectory(prefix="minigpt-bench-data-") as tmp:
         start = time.perf_counter()

@@ -25,9 +25,10 @@ def gpt2_like_config(n_layer: int, n_head: int, n_embd: int, vocab_size: int, bl
     """A minigpt config HF's GPT-2 computes identically: learned PE, pre-norm LayerNorm, exact GELU,
     tied embeddings, biases, no dropout."""
     return ModelConfig(
-        n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=vocab_size, block_size=block_size,
-        pos_encoding="learned", norm="layernorm", norm_placement="pre", activation="gelu", ffn_mult=4.0,
-        attention=attention, dropout=0.0, attn_dropout=0.0, bias=True, tie_weights=True,
+        n_layer=n_layer, n_head=n_head, n_kv_head=None, n_embd=n_embd, vocab_size=vocab_size,
+        block_size=block_size, pos_encoding="learned", norm="layernorm", norm_placement="pre",
+        activation="gelu", ffn_mult=4.0, attention=attention, dropout=0.0, attn_dropout=0.0, bias=True,
+        tie_weights=True,
     )
 
 

@@ -1,4 +1,4 @@
-"""The bench's sections by name, and `--only` selection (no torch: `scripts/bench.py --help` stays quick)."""
+"""The bench's sections by name, and `only=` selection (no torch: `scripts/bench.py --help` stays quick)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ ALIASES = {"train": ("train_S", "train_M"), "all": SECTIONS}
 
 
 def select_sections(only: list[str] | None) -> list[str]:
-    """Expand `--only` names (aliases allowed) into sections, in the suite's order; UserError if unknown."""
+    """Expand `only=` names (aliases allowed) into sections, in the suite's order; UserError if unknown."""
     if not only:
         return list(SECTIONS)
     wanted: set[str] = set()
@@ -21,5 +21,5 @@ def select_sections(only: list[str] | None) -> list[str]:
             wanted.add(name)
         else:
             choices = ", ".join((*SECTIONS, *EXTRA_SECTIONS, *ALIASES))
-            raise UserError(f"--only {name!r} is not a section; choose from {choices}")
+            raise UserError(f"only={name!r} is not a section; choose from {choices}")
     return [s for s in SECTIONS + EXTRA_SECTIONS if s in wanted]

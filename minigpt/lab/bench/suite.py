@@ -53,8 +53,7 @@ def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str 
 
     Each path runs in fp32 and, where bf16 matmuls are fast, under bf16 autocast: the reference too, so every
     table compares best with best. torch.compile costs 30-60 s per model on a 2-core CPU, so by default it is
-    measured on shape M only (the shape of the issue's targets), and not at all with --quick; --compile
-    forces it."""
+    measured on shape M only, and not at all with quick=true; compile= forces it."""
     dtypes = ["fp32"]
     notes = []
     if bf16_is_fast(peak):

@@ -55,7 +55,7 @@ SHAPES = {
     "S": TrainShape("S", n_layer=4, n_head=4, n_embd=256, vocab_size=4096, block_size=256, batch_size=16),
     "M": TrainShape("M", n_layer=6, n_head=6, n_embd=384, vocab_size=50304, block_size=256, batch_size=8),
 }
-QUICK_SHAPES = {  # `--quick`: the same architecture, small enough for seconds
+QUICK_SHAPES = {  # `quick=true`: the same architecture, small enough for seconds
     "S": TrainShape("S", n_layer=2, n_head=4, n_embd=128, vocab_size=4096, block_size=128, batch_size=8),
     "M": TrainShape("M", n_layer=2, n_head=6, n_embd=192, vocab_size=50304, block_size=128, batch_size=4),
 }
