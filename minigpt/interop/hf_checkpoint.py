@@ -54,14 +54,14 @@ def export_hf(checkpoint: str | Path | None, out: str | Path) -> Path:
     """Write the checkpoint (or run folder) as a new HF folder `out`; returns it."""
     model, tokenizer, _ = read_checkpoint(checkpoint)
     config, weights = hf_files(model, tokenizer.eot_id)
-    hf_tokenizer(tokenizer)  # a tokenizer with no conversion is refused before anything is written
+    fast = hf_tokenizer(tokenizer)  # converted before anything is written
     eot = tokenizer.eot_id
     generation = {"bos_token_id": eot, "eos_token_id": eot, "pad_token_id": eot}  # a document ends at EOT
     with staged_output(Path(out), folder=True) as tmp:
         write_json(tmp / CONFIG, config)
         write_weights(tmp / WEIGHTS, weights)
         write_json(tmp / GENERATION_CONFIG, generation)
-        save_hf_tokenizer(tokenizer, tmp, model_max_length=model.config.block_size)
+        save_hf_tokenizer(fast, tmp, model_max_length=model.config.block_size)
     return Path(out).expanduser()
 
 

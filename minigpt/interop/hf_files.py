@@ -101,6 +101,7 @@ def staged_output(out: Path, folder: bool) -> Iterator[Path]:
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)  # what a killed export by a process of the same id left
         if folder:
             tmp.mkdir()
         yield tmp
@@ -108,10 +109,14 @@ def staged_output(out: Path, folder: bool) -> Iterator[Path]:
     except OSError as e:
         raise UserError(f"nothing exported: {unwritable_path_message(e)}") from None
     finally:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif tmp.exists():
-            tmp.unlink()
+        _remove(tmp)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    elif path.exists():
+        path.unlink()
 
 
 def _rename_without_clobbering(tmp: Path, out: Path) -> None:

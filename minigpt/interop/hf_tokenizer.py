@@ -80,11 +80,13 @@ def _add_specials(fast: HFTokenizer, specials: dict[str, int], name: str) -> Non
             raise UserError(f"tokenizer {name}: {content} got id {fast.token_to_id(content)}, not {i}")
 
 
-def save_hf_tokenizer(tok: Tokenizer, folder: Path, model_max_length: int) -> None:
-    """tokenizer.json + tokenizer_config.json in `folder`, written by transformers itself, so that
-    `AutoTokenizer.from_pretrained(folder)` loads it with no custom code."""
+def save_hf_tokenizer(tok: Tokenizer | HFTokenizer, folder: Path, model_max_length: int) -> None:
+    """tokenizer.json + tokenizer_config.json in `folder` for a minigpt tokenizer (or its conversion,
+    `hf_tokenizer`), written by transformers itself: `AutoTokenizer.from_pretrained(folder)` loads them with
+    no custom code."""
+    fast = tok if isinstance(tok, HFTokenizer) else hf_tokenizer(tok)
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=hf_tokenizer(tok), bos_token=EOT, eos_token=EOT, model_max_length=model_max_length,
+        tokenizer_object=fast, bos_token=EOT, eos_token=EOT, model_max_length=model_max_length,
         # "<|endoftext|>" typed in a text is text, as in minigpt; no spaces are "cleaned up" when decoding
         split_special_tokens=True, clean_up_tokenization_spaces=False,
     )

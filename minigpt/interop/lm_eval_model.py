@@ -44,14 +44,16 @@ TokenRequest = tuple[tuple[str, str] | None, list[int], list[int]]
 class MinigptLM(TemplateLM):
     """A minigpt checkpoint behind lm-eval's `LM` interface. model_args: checkpoint (a checkpoint or run
     folder; none: the newest run), device (auto | cpu | cuda | mps), weights_dtype (float32 | bfloat16 | ...),
-    batch_size (rows per forward pass; lm-eval's --batch_size), seed (for sampled generation)."""
+    batch_size (rows per forward pass; lm-eval's --batch_size, and --max_batch_size caps `auto`), seed (for
+    sampled generation)."""
 
     def __init__(self, checkpoint: str | None = None, device: str = "auto", weights_dtype: str = "float32",
-                 batch_size: int | str | None = None, seed: int = 1234, **_lm_eval_defaults) -> None:
+                 batch_size: int | str | None = None, seed: int = 1234,
+                 max_batch_size: int | None = None) -> None:
         super().__init__()
         self.model, self.tokenizer, _ = load_model(checkpoint, device or "auto", weights_dtype)
         self._device = next(self.model.parameters()).device
-        self.batch_size = _batch_size(batch_size)
+        self.batch_size = _batch_size(batch_size, max_batch_size)
         self.seed = int(seed)
 
     @classmethod
@@ -168,10 +170,11 @@ class MinigptLM(TemplateLM):
         return [stops.cut(self.tok_decode(ids)) for ids in result.tokens]
 
 
-def _batch_size(value: int | str | None) -> int:
-    """lm-eval's --batch_size: a number, or `auto` (the default here: no search for the largest that fits)."""
+def _batch_size(value: int | str | None, cap: int | None) -> int:
+    """lm-eval's --batch_size: a number, or `auto`, here DEFAULT_BATCH_SIZE rows (no search for the largest
+    that fits: these models are small) or fewer if lm-eval's --max_batch_size says so."""
     if value is None or str(value).startswith("auto"):
-        return DEFAULT_BATCH_SIZE
+        return min(DEFAULT_BATCH_SIZE, cap or DEFAULT_BATCH_SIZE)
     return max(1, int(value))
 
 
