@@ -50,7 +50,7 @@ def hf_files(model: GPT, eot_id: int) -> tuple[dict, dict[str, torch.Tensor]]:
     return hf_llama_config(model.config, eot_id), hf_llama_state_dict(model)
 
 
-def export_hf(checkpoint: str | Path | None, out: str | Path) -> Path:
+def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
     """Write the checkpoint (or run folder) as a new HF folder `out`; returns it."""
     model, tokenizer, _ = read_checkpoint(checkpoint)
     config, weights = hf_files(model, tokenizer.eot_id)
