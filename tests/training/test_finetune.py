@@ -56,8 +56,8 @@ def test_fine_tune_an_imported_gpt2_on_a_text_corpus(hf_gpt2, tmp_path: Path, ca
     root, hf = hf_gpt2
     ckpt_dir, run = tmp_path / "imported", tmp_path / "run"
     corpus = write_corpus(tmp_path / "corpus")
-    imported = run_script("import_gpt2", [str(root / "hf"), str(ckpt_dir), "--tokenizer",
-                                          str(root / "tokenizer")], capsys)
+    imported = run_script("import_hf", [f"source={root / 'hf'}", f"out={ckpt_dir}",
+                                        f"tokenizer_dir={root / 'tokenizer'}"], capsys)
     assert imported.code == 0, imported.err
 
     # An imported checkpoint has no run to continue: resuming it says, in one line, what to do instead.
