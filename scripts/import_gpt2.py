@@ -15,8 +15,10 @@ A pure file tool, so plain arguments rather than Hydra; bad input: one line on s
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
+from minigpt import signals
 from minigpt.errors import UserError, exit_with_error
 
 
@@ -29,6 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     from minigpt.interop.hf_checkpoint import export_checkpoint, import_to_checkpoint
 
+    signals.install_policy()  # a stop signal ends it in one line; the checkpoint is written atomically
     try:
         if args.export:
             print(f"exported to {export_checkpoint(args.source, args.dest)}")
@@ -36,6 +39,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"imported to {import_to_checkpoint(args.source, args.dest, args.tokenizer)}")
     except UserError as e:
         exit_with_error(str(e))
+    except signals.Interrupted as e:
+        print(e.message(), file=sys.stderr)
+        sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

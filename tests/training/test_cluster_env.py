@@ -39,7 +39,7 @@ def test_srun_tasks_read_their_place_from_slurm():
 def test_a_batch_script_is_one_process_though_slurm_counts_tasks():
     """Outside an srun step (no SLURM_STEP_ID) SLURM_NTASKS is the allocation, not this process's peers."""
     batch = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0"}
-    assert DistEnv.from_env(batch) == DistEnv()
+    assert DistEnv.from_env(batch) == DistEnv(job_id="4242")  # one process, of job 4242
 
 
 def test_torchrun_wins_over_slurm_and_submitit_local_over_an_outer_slurm_step():
