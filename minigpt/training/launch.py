@@ -101,7 +101,9 @@ class Launch:
         _RUNNING.append(self)
         try:
             if not self.env.enabled:
-                return rank0_main()
+                sweep = {"-m", "--multirun"} & set(argv)
+                with _without_hydra_job_reports() if sweep else contextlib.nullcontext():
+                    return rank0_main()
             from minigpt.training.distributed import process_group
 
             if not self.env.is_main:
@@ -208,6 +210,32 @@ class Launch:
         kept = [a for a in overrides if not a.startswith(("trainer.resume=", "hydra.run.dir="))]
         args = [*map(shlex.quote, kept), "trainer.resume=auto", shell_override("hydra.run.dir", str(out_dir))]
         return " ".join([launcher_command(self.env), *args])
+
+
+class _WithoutHydraJobReports:
+    """stderr while this process launches a sweep: Hydra writes `Error executing job with overrides: [...]`
+    for a failed job before it raises the job's error, and `run` prints that error as the sweep's one line,
+    which names the job's log (JobFailed). Every other write passes."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Error executing job with overrides:"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _without_hydra_job_reports():
+    saved, sys.stderr = sys.stderr, _WithoutHydraJobReports(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stderr = saved
 
 
 def _leave_the_logs_to_rank0() -> None:

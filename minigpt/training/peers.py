@@ -188,7 +188,7 @@ def lost_rank_error(error: BaseException, env: DistEnv, run_dir: Path, step: int
     if not lost:  # only ranks that failed on their own: their lines say why
         return AlreadyReported(f"rank {_ranks(found.failed)} stopped on an error of its own")
     at = f" at step {step}" if step is not None else ""
-    return UserError(f"{lost}; the run stopped{at}. {last_intact_checkpoint(run_dir)}")
+    return UserError(f"{lost}; the run stopped{at}; {last_intact_checkpoint(run_dir)}")
 
 
 def last_intact_checkpoint(run_dir: Path) -> str:
@@ -198,6 +198,6 @@ def last_intact_checkpoint(run_dir: Path) -> str:
         ckpt = resolve_checkpoint(run_dir)
         step = read_meta(ckpt)["step"]
     except (UserError, KeyError):
-        return f"No checkpoint was written yet in {run_dir}: start the run again."
-    return (f"The last intact checkpoint is {ckpt} (step {step}): continue with the same command plus "
+        return f"no checkpoint was written yet in {run_dir}: start the run again"
+    return (f"the last intact checkpoint is {ckpt} (step {step}): continue with the same command plus "
             f"trainer.resume=auto {shell_override('hydra.run.dir', str(run_dir))}")

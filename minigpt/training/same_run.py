@@ -120,8 +120,8 @@ def compare(saved: dict[str, Any], cfg: TrainConfig, checkpoint: object, step: i
 def _refusal(keys: list[str], before: dict, after: dict, checkpoint: object) -> str:
     differences = ", ".join(f"{k}={before[k]!r} there, {after[k]!r} here" for k in keys)
     sections = {k.split(".")[0] for k in keys}
-    what = "model config" if sections == {"model"} else " and ".join(
-        {"model": "model config", "tokenizer": "tokenizer", "data": "data set"}[s] for s in sorted(sections))
+    names = {"model": "model config", "tokenizer": "tokenizer", "data": "data set"}
+    what = " and ".join(name for section, name in names.items() if section in sections)
     if sections & {"model", "tokenizer"}:  # a fine-tune keeps both too
         fix = "resume with its settings (the config in its meta.json)"
     else:
