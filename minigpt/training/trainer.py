@@ -7,12 +7,14 @@ the loss and the gradient norm stay tensors, read (`.item()`, a host sync) only 
 Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs this same loop on its own data
 stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
-`best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
-the current step (`minigpt/signals.py`). The run ends when its budget is used (`budget.py`:
-`trainer.max_steps` steps and/or `trainer.max_time` of training time, on rank 0's clock); the lr of each step
-follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
-`budget.py` (also throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one
-update), `reporting.py` (the progress bar or lines, TensorBoard).
+`best`), so no rank waits for a collective the others never reach. A stop signal (SIGINT, SIGTERM, SIGHUP,
+SIGUSR1, SIGUSR2) ends the run after the current step, with a checkpoint (`minigpt/signals.py`); a diverging
+loss ends it before anything diverged is written (`step.DivergenceGuard`). The run ends when its budget is
+used (`budget.py`: `trainer.max_steps` steps and/or `trainer.max_time` of training time, on rank 0's clock);
+the lr of each step follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where
+the run starts), `same_run.py` (what a resumed run may change), `budget.py` (also throughput, MFU and the
+training clock), `evaluation.py` (validation), `step.py` (one update), `reporting.py` (the progress bar or
+lines, TensorBoard), `peers.py` (a rank that dies).
 """
 
 from __future__ import annotations
