@@ -55,8 +55,8 @@ class Board:
 
     store: object | None = None
     hosts: list[tuple[str, int]] = field(default_factory=list)  # (host, PID) of every rank
-    session: int = 0  # which train() of this process group the keys belong to
-    reported: bool = False  # this rank posted failed/<rank> in this session
+    train_call: int = 0  # which train() of this process group the keys belong to (each call: the next)
+    reported: bool = False  # this rank posted failed/<rank> for the current train()
 
 
 BOARD = Board()
@@ -72,9 +72,9 @@ def meet(env: DistEnv) -> None:
     BOARD.hosts = [h for h in hosts if h is not None]
 
 
-def next_session() -> None:
+def next_train_call() -> None:
     """A new train() in the same process group (every rank calls it at the same point)."""
-    BOARD.session += 1
+    BOARD.train_call += 1
     BOARD.reported = False
 
 
@@ -86,7 +86,7 @@ def is_peer_failure(error: BaseException) -> bool:
 
 
 def _key(kind: str, rank: int) -> str:
-    return f"minigpt/{BOARD.session}/{kind}/{rank}"
+    return f"minigpt/{BOARD.train_call}/{kind}/{rank}"
 
 
 def _posted(kind: str, rank: int) -> bool:

@@ -30,6 +30,7 @@ from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.data.prepare import NOT_SHAPING, CorpusChanged, GivenTokenizer, PreparedData, prepare_dataset
 from minigpt.data.verify import TOKENIZER_DIR, folder_digests
 from minigpt.errors import UserError
+from minigpt.training import distributed
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.optim import LRSchedule
@@ -50,6 +51,7 @@ def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> 
     if resume_from is None:
         return None
     meta = read_meta(resume_from)
+    distributed.check_resume_world_size(meta.get("world_size", 1), env, resume_from)
     tc = cfg.trainer
     block = cfg.model.block_size
     tokens = tc.batch_size * block * env.world_size * grad_accum_steps(tc, block, env.world_size)

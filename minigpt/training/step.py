@@ -89,8 +89,8 @@ class DivergenceGuard:
     ten, while a diverging one jumps by orders of magnitude within a few steps (docs/faults.md has both). The
     ln V floor keeps a run whose loss is near zero (a model that can copy, as in the no-causal-mask ablation)
     from being stopped by a jump from 0.01 to 0.2: only a loss worse than knowing nothing counts. Training
-    losses are compared with the best training loss of this session (a resumed session starts from the
-    checkpoint's best validation loss), validation losses with the best validation loss.
+    losses are compared with the best training loss since this process started training (a resumed run
+    starts from its checkpoint's best validation loss), validation losses with the best validation loss.
 
     policy stop (default): remember, on the device, the first step whose loss diverged -- no host sync on
         the hot path -- and raise in `check`, which the trainer calls at log intervals and before every

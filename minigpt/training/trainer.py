@@ -85,7 +85,7 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
     env = env or DistEnv()
     run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
     trainer: Trainer | None = None
-    peers.next_session()
+    peers.next_train_call()
     try:
         refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all stop if it cannot
         if refusal is not None:
