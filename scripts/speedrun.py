@@ -2,11 +2,12 @@
 
 Runs `scripts/train.py -m <overrides> trainer.max_time=<budget> trainer.max_steps=null` (one job per
 combination, one after the other), scores every job on the whole val split (stride = block), adds the rows to
-docs/speedrun.json and rewrites the README's table between its speedrun markers (minigpt/lab/speedrun.py).
+docs/speedrun.json and rewrites the table between the speedrun markers of docs/speedrun.md
+(minigpt/lab/speedrun.py).
 
     python scripts/speedrun.py                                   # model=demo,modern,tiny (the default first)
     python scripts/speedrun.py model=modern model.n_embd=128,192 optim.lr=2e-3,4e-3 optim.schedule=cosine,wsd
-    python scripts/speedrun.py --render                          # only re-render README from the JSON
+    python scripts/speedrun.py --render                          # only re-render the table from the JSON
 
 Bad input ends with one line on stderr and exit code 2.
 """
@@ -31,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("overrides", nargs="*", help=f"Hydra sweep overrides (default: {' '.join(DEFAULT_SWEEP)})")
     p.add_argument("--budget", default="3min", help="trainer.max_time of every run (default: 3min)")
     p.add_argument("--results", type=Path, default=ROOT / "docs" / "speedrun.json", help="the results JSON")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the file holding the table")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "speedrun.md",
+                   help="the Markdown file holding the table (default: docs/speedrun.md)")
     p.add_argument("--sweep-dir", type=Path, help="the multirun folder (default: outputs/speedrun/<time>)")
     p.add_argument("--render", action="store_true", help="run nothing: re-render the table from the JSON")
     p.add_argument("--fresh", action="store_true", help="drop the rows already in the JSON")

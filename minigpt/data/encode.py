@@ -8,9 +8,9 @@ Workers are processes started with `spawn` (a fresh interpreter that loads the t
 was saved to; `fork` would copy a parent that may hold torch's threads and their locks). Like every spawned
 process, each imports the launching script again, so a script that calls `prepare_dataset` must keep its
 work under `if __name__ == "__main__":` (minigpt's scripts do; a notebook needs nothing). They start only
-once the corpus has passed POOL_MIN_CHARS: starting them costs about a second (an interpreter plus numpy,
-tiktoken and the launching script's imports), more than a small corpus takes to encode here -- which
-tiktoken does on `num_workers` threads anyway, since its Rust encoder releases the GIL. At most
+once the corpus has passed POOL_MIN_CHARS: starting one costs an interpreter plus the imports of numpy,
+tiktoken and the launching script, more than a small corpus takes to encode -- which tiktoken does on
+`num_workers` threads anyway, since its Rust encoder releases the GIL. At most
 IN_FLIGHT_PER_WORKER chunks per worker are queued, so memory stays near
 workers x IN_FLIGHT_PER_WORKER x chunk size, whatever the size of the corpus.
 """
@@ -37,7 +37,7 @@ from minigpt.data.tokenizers import Tokenizer, load_tokenizer
 from minigpt.errors import UserError
 
 ENCODE_CHUNK_CHARS = 4_000_000  # a few MB of text per task: enough to hide the hand-over, small in memory
-POOL_MIN_CHARS = 32_000_000  # ~6 s of one core's bpe encoding: past this, the workers' start-up is repaid
+POOL_MIN_CHARS = 32_000_000  # seconds of one core's bpe encoding: past this, the workers' start-up is repaid
 IN_FLIGHT_PER_WORKER = 2  # one chunk being encoded, one waiting: no worker idles while results are written
 
 Chunk = dict[str, list[str]]  # split -> the texts of its documents in this chunk, in order

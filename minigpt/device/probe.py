@@ -143,7 +143,7 @@ def machine_key() -> str:
 
 def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
     """fp32 and bf16 matmul FLOP/s of one core of this CPU: read from `cache_dir`/device_probe.json, else
-    measured (0.2-0.4 s) and written there.
+    measured (a fraction of a second) and written there.
 
     The data cache folder (`data.cache_dir`) holds it because it is already where minigpt keeps what it can
     recompute (git-ignored, configurable, relative to the launch folder, and pointed at a temporary folder by
@@ -161,8 +161,8 @@ def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
             pass  # an entry of another layout: measure again
     cpu, threads = torch.device("cpu"), torch.get_num_threads()
     # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting
-    # for a sibling thread the OS has descheduled (on a busy 2-core machine that made 2-thread fp32 read
-    # 0.7 GFLOP/s instead of 140, close enough to emulated bf16 to pick it).
+    # for a sibling thread the OS has descheduled, which on a busy machine can make fp32 read as slow as
+    # emulated bf16 and pick the wrong dtype.
     torch.set_num_threads(1)
     try:
         probe = MatmulProbe(

@@ -2,9 +2,9 @@
 
 Each turn appends the user's tokens to the history and feeds only those (plus the model's last
 sampled token, which had not been fed yet) through the model: everything earlier is already in
-the cache. The reply is then decoded token by token as in `generate.py`.
+the cache. The reply is then decoded token by token as in `run.py`.
 
-The context follows the same window rule as the generator (`window.py`): the window length is a
+The context follows the same window rule as the generator (`sampling/sequences.py`): the window length is a
 function of the history length alone. Feeding k tokens normally grows the window by k; when the
 rule says otherwise the window has filled up, and the cache is rebuilt from the most recent
 tokens (a re-prefill, reported through `on_rebuild`). So a session's reply is exactly what a fresh

@@ -4,7 +4,7 @@
     bench/              scripts/bench.py: speed of training, generation, attention, data, against references
     speedrun.py         scripts/speedrun.py: which config learns the most in a fixed budget
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
-    ablation_report.py  its table, figures and README block
+    ablation_report.py  its table, figures and the block of docs/ablation.md
     shape_walk.py       scripts/shape_walk.py: every tensor shape of a forward pass, step by step
     pe_plots.py         scripts/pe_plots.py: positional encodings drawn
     loss_curves.py      scripts/loss_curves.py: training curves of several runs, read from TensorBoard files

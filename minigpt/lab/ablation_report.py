@@ -2,17 +2,19 @@
 
 `write_report(sweep_dir)` measures every run of a lab sweep (ablation.py) and writes, into the sweep
 folder, `ablation.json` (every number), `ablation.md` (the table and the paragraphs) and `ablation.png`
-(loss curves, per-layer gradient norms, per-layer attention entropy). With `readme=` it also copies the
-JSON and the figure to docs/ and rewrites the README's block between the two `ablation` markers, which is
-`render_block(docs/ablation.json)` exactly (a test checks it), so the README's numbers are never typed.
+(loss curves, per-layer gradient norms, per-layer attention entropy). With `readme=` (docs/ablation.md)
+it also copies the JSON and the figure to docs/ and rewrites that file's block between the two `ablation`
+markers, which is `render_block(docs/ablation.json)` exactly (a test checks it), so its numbers are never
+typed.
 
-Each row's paragraph says what the reference notes predict (`ROWS`, written once) and what this run
-measured (generated from the numbers, against the baseline).
+Each row's paragraph says what the design claims for the piece the run removes (`ROWS`, written once) and
+what this run measured (generated from the numbers, against the baseline).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import dataclass
@@ -41,16 +43,16 @@ CONTINUATION_CHARS = 40  # continuations are cut to this many characters in the 
 
 @dataclass(frozen=True)
 class Row:
-    """What the notes argue about one ablation, and which measurements show it (`focus`)."""
+    """What the design claims about one ablation, and which measurements show it (`focus`)."""
 
     title: str
     predicts: str
     focus: tuple[str, ...] = ()  # among: train, entropy, grads, greedy
-    explains: str = ""  # what the architecture adds to the notes' argument
+    explains: str = ""  # what the architecture adds to the claim
 
 
 ROWS = {
-    BASELINE: Row("Baseline", "every piece the notes defend: the causal mask, scores divided by √D = 8, "
+    BASELINE: Row("Baseline", "every piece the design defends: the causal mask, scores divided by √D = 8, "
                   "positions (rotary), residual paths around pre-norm sublayers and a final LayerNorm.",
                   ("train", "entropy", "grads", "greedy")),
     "no_causal_mask": Row(
@@ -70,7 +72,7 @@ ROWS = {
         "LayerNorm subtracts each token's mean over its channels before any weight reads the stream, and a "
         "value added to every channel is exactly such a mean: in a pre-norm LayerNorm model integer "
         "positions vanish before the first layer (up to rounding), so this row lands beside the next one, "
-        "no positions. The gradient growth the notes derive is real for a layer that reads the raw sum (a "
+        "no positions. The predicted gradient growth is real for a layer that reads the raw sum (a "
         "post-norm first block): tests/model/test_ablation_predictions.py measures it."),
     "no_positions": Row(
         "No positional encoding", "attention alone is a weighted average that ignores order: the same "
@@ -86,8 +88,8 @@ ROWS = {
         "No final norm", "the head reads the raw residual stream, whose scale is whatever the blocks "
         "made it, instead of a normalised one.", ()),
     "post_norm": Row(
-        "Post-norm", "their own data flow, Norm(x + Sublayer(x)), normalises the skip path after every "
-        "sublayer, so the stream's magnitude is reset each time; they warn that a normalised x on the skip "
+        "Post-norm", "the original Transformer's data flow, Norm(x + Sublayer(x)), normalises the skip path "
+        "after every sublayer, so the stream's magnitude is reset each time, and a normalised x on the skip "
         "path loses the absolute strength of its features. Pre-norm leaves x untouched.", ("grads",),
         "At the lab's learning rate (3e-3 after 30 warmup steps) the post-norm stack falls into the unigram "
         "solution early and its first blocks then get almost no gradient; rerun with optim.lr=1e-3 "
@@ -97,7 +99,8 @@ ROWS = {
 
 
 def write_report(sweep_dir: Path, readme: Path | None = None, docs_dir: Path = Path("docs")) -> list[Path]:
-    """Measure the sweep's runs and write the report files; returns the paths written."""
+    """Measure the sweep's runs and write the report files; returns the paths written. `readme`: the
+    Markdown file whose block to rewrite (docs/ablation.md)."""
     sweep_dir = Path(sweep_dir)
     if readme is not None:
         replace_block(readme.read_text(), "")  # markers missing: refuse before measuring or writing
@@ -119,8 +122,9 @@ def write_report(sweep_dir: Path, readme: Path | None = None, docs_dir: Path = P
         docs_dir.mkdir(parents=True, exist_ok=True)
         written += [Path(shutil.copy(json_path, docs_dir / "ablation.json")),
                     Path(shutil.copy(png, docs_dir / "ablation.png"))]
-        block = render_block(doc, figure=f"{docs_dir}/ablation.png")
-        readme.write_text(replace_block(readme.read_text(), block))
+        # the figure's path as the Markdown file sees it: `ablation.png` from docs/ablation.md
+        figure = Path(os.path.relpath(docs_dir / "ablation.png", readme.parent)).as_posix()
+        readme.write_text(replace_block(readme.read_text(), render_block(doc, figure=figure)))
         written.append(readme)
     return written
 
@@ -164,7 +168,7 @@ def render_table(runs: list[RunMeasures]) -> list[str]:
 def render_paragraph(run: RunMeasures, base: RunMeasures, ref: dict[str, float]) -> str:
     row = ROWS.get(run.name, Row(run.name, "(no prediction recorded for this run)"))
     text = f"**{row.title}.** "
-    text += f"The notes: {row.predicts} " if run.name != BASELINE else f"Has {row.predicts} "
+    text += f"The claim: {row.predicts} " if run.name != BASELINE else f"Has {row.predicts} "
     if run.name == BASELINE:
         return text + f"It reaches {run.val_loss:.2f} nats/token ({run.bits_per_byte:.2f} bits/byte)."
     d = run.val_loss - base.val_loss
@@ -221,7 +225,8 @@ def lab_figure(runs: list[RunMeasures]) -> Figure:
 def replace_block(text: str, block: str) -> str:
     """`text` with everything between the BEGIN and END markers replaced by `block`."""
     if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise UserError(f"the README needs exactly one {BEGIN} ... {END} pair to put the ablation report in")
+        raise UserError(f"the report's Markdown file needs exactly one {BEGIN} ... {END} pair to put the "
+                        "ablation report in")
     head, rest = text.split(BEGIN)
     _, tail = rest.split(END)
     return f"{head}{BEGIN}\n{block}\n{END}{tail}"

@@ -2,8 +2,9 @@
 
 `scripts/speedrun.py` runs a Hydra multirun of `scripts/train.py` over candidate configs, every job with the
 same `trainer.max_time` and no step limit, scores each finished run on the whole validation split, adds the
-rows to a results JSON (docs/speedrun.json) and renders them as the README's "CPU speedrun" table between
-two markers. The table is never typed: a test checks that the README shows what the JSON renders to.
+rows to a results JSON (docs/speedrun.json) and renders them as the table between two markers in
+docs/speedrun.md. The table is never typed: a test checks that docs/speedrun.md shows what the JSON
+renders to.
 
 Scoring is exactly `scripts/evaluate.py stride=<block_size>`: every val token once, in disjoint windows of
 the model's context, with its loss and bits per byte (`inspect/perplexity.py`: nats / ln 2 per UTF-8 byte of
@@ -128,7 +129,7 @@ def merge(results: dict, rows: list[Row]) -> dict:
 
 
 def render_table(results: dict) -> str:
-    """The README block, markers included: one line per run, best first, and how it was measured."""
+    """The docs/speedrun.md block, markers included: one line per run, best first, and how it was measured."""
     rows = [Row(**r) for r in results["rows"]]
     lines = [BEGIN, "<!-- written by scripts/speedrun.py from docs/speedrun.json; do not edit by hand -->",
              "", "| config | budget | val loss (nats/token) | bits per byte | steps | tokens/s | command |",
@@ -145,7 +146,7 @@ def render_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str, table: str, name: str = "README.md") -> str:
+def update_readme(text: str, table: str, name: str = "docs/speedrun.md") -> str:
     """`text` with the block between the markers replaced by `table`."""
     start, end = text.find(BEGIN), text.find(END)
     if start < 0 or end < start:

@@ -12,7 +12,7 @@ right-aligned and `cache.set_padding` tells the model to give it positions 0, 1,
 mask the padding, so each row sees exactly what it would see alone.
 
 When a sequence outgrows the model's context, the cache is rebuilt from the most recent tokens
-(see `window.py` for the rule). If any row needs a rebuild, the whole batch is re-prefilled,
+(see `sequences.py` for the rule). If any row needs a rebuild, the whole batch is re-prefilled,
 each row from its own window; for the other rows that window is just their current context.
 
 A step costs one host sync: the sampled tokens come back as a Python list for the stop checks.
@@ -72,7 +72,7 @@ def stream_tokens(
     """Generate up to `max_new_tokens` per row with the KV cache, yielding after every step.
 
     prompts: B lists of token ids (each non-empty). Ends early once every row has stopped.
-    keep: tokens kept when the window is rebuilt (default block_size // 2, see `window.py`).
+    keep: tokens kept when the window is rebuilt (default block_size // 2, see `sequences.py`).
     """
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep

@@ -93,7 +93,7 @@ class Launch:
         if self.env.enabled and {"-m", "--multirun"} & set(argv):  # every rank sees the same argv
             if not self.env.is_main:
                 # rank 0 says why and fails the job; a failing exit here could make torchrun stop
-                # rank 0 before it has printed (a race the suite once lost)
+                # rank 0 before it has printed its message
                 sys.exit(0)
             exit_with_error(f"a Hydra multirun (-m) cannot run under {self.env.launcher}; start the sweep "
                             "with plain `python scripts/train.py -m ...` (hydra/launcher=slurm gives each "

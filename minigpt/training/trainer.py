@@ -68,7 +68,7 @@ class TrainResult:
     checkpoint: Path
     interrupted: bool = False  # stopped by a stop signal (minigpt/signals.py), after writing `checkpoint`
     skipped_steps: int = 0  # updates skipped for a non-finite loss (trainer.on_nonfinite=skip)
-    train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
+    train_seconds: float = 0.0  # training time used, summed over a run and its resumptions
     val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
     mfu: float = math.nan  # model FLOPs utilisation per device over the run
     stop_signal: int | None = None  # the signal that stopped it (interrupted), as the ranks agreed on it
@@ -177,7 +177,7 @@ class Trainer:
             log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
                      self.progress.step, f"{self.progress.tokens_seen:,}",
                      format_duration(self.progress.train_seconds))
-        self.seconds_before = self.progress.train_seconds  # used by earlier sessions of this run
+        self.seconds_before = self.progress.train_seconds  # used before this process resumed the run
         self.guard = DivergenceGuard(tc.on_nonfinite, tc.divergence_ratio, vocab, device,
                                      best=self.progress.best_val_loss)
         self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # what `guard.check_weights` scores
@@ -282,7 +282,7 @@ class Trainer:
                              "progress/tokens": p.tokens_seen}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
-            self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (tensorboard.py)
+            self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (reporting.py)
             of = "" if self.budget.max_steps is None else f"/{self.budget.max_steps}"
             best = " best" if improved and p.step > 0 else ""
             log.info("step %d%s: val loss %.4f (ppl %s, %.4f bits/byte)%s", p.step, of, p.val_loss,

@@ -37,10 +37,10 @@ def test_every_ablation_file_is_the_baseline_plus_one_change():
     names = sorted(p.stem for p in LAB.glob("*.yaml"))
     assert names == sorted([*CHANGES, "baseline"])
     base = _lab("baseline")
-    assert base.run_name == "baseline" and base.model.head_dim == 64  # the notes' d_k
+    assert base.run_name == "baseline" and base.model.head_dim == 64  # a head size where 1/√D matters
     for name, change in CHANGES.items():
         cfg = _lab(name)
-        assert cfg.run_name == name and name in ROWS  # the report has the notes' prediction for it
+        assert cfg.run_name == name and name in ROWS  # the report has the design's claim for it
         for section in ("data", "tokenizer", "optim", "trainer", "device", "logging"):
             assert getattr(cfg, section) == getattr(base, section), (name, section)  # same data and budget
         diff = {k: v for k, v in vars(cfg.model).items() if getattr(base.model, k) != v}
@@ -71,10 +71,11 @@ def tiny_sweep(tmp_path: Path, corpus_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_report_measures_each_run_and_regenerates_the_readme_block(tiny_sweep, tmp_path, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+def test_report_measures_each_run_and_regenerates_the_docs_block(tiny_sweep, tmp_path, capsys):
     docs = tmp_path / "docs"
+    docs.mkdir()
+    readme = docs / "ablation.md"  # laid out as the repository's docs/ablation.md
+    readme.write_text(f"# title\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
     args = [str(tiny_sweep), "--readme", str(readme), "--docs", str(docs)]
     run = run_script("ablation_report", args, capsys)
     assert run.code == 0, run.err
@@ -102,7 +103,7 @@ def test_report_measures_each_run_and_regenerates_the_readme_block(tiny_sweep, t
         assert all(0 <= h <= math.log(32) for h in r["attn_entropy"])  # at most uniform over 32 keys
         assert r["train_loss"] == pytest.approx(read_scalars(run_dir / "tb")["train/loss"][1][-1])
     block = readme_block(readme.read_text())
-    rendered = render_block(json.loads((docs / "ablation.json").read_text()), figure=f"{docs}/ablation.png")
+    rendered = render_block(json.loads((docs / "ablation.json").read_text()), figure="ablation.png")
     assert block == rendered
     text = readme.read_text()
     assert text.startswith("# title\n\nbefore\n") and text.endswith(f"{END}\nafter\n")  # the rest untouched
@@ -112,10 +113,10 @@ def test_report_measures_each_run_and_regenerates_the_readme_block(tiny_sweep, t
     assert (tiny_sweep / "ablation.md").read_text().startswith("2 runs of 8 steps")
 
 
-def test_readme_block_is_what_the_script_renders_from_the_documented_run():
-    readme = (ROOT / "README.md").read_text()
+def test_the_docs_block_is_what_the_script_renders_from_the_documented_run():
+    page = (ROOT / "docs" / "ablation.md").read_text()
     doc = json.loads((ROOT / "docs" / "ablation.json").read_text())
-    assert readme_block(readme) == render_block(doc, figure="docs/ablation.png")
+    assert readme_block(page) == render_block(doc, figure="ablation.png")  # beside docs/ablation.md
     assert [r["name"] for r in doc["runs"]] == ["baseline", *CHANGES]  # every row, baseline first
 
 

@@ -26,7 +26,7 @@ def test_peak_of_the_dtype_in_use() -> None:
 
 def test_a_rate_above_the_measured_peak_raises_the_peak_so_no_utilisation_passes_one() -> None:
     assert effective_peak(100.0, [40.0, 90.0]) == (100.0, False)
-    peak, raised = effective_peak(100.0, [40.0, 117.0])  # issue 17: "117%" against the wrong peak
+    peak, raised = effective_peak(100.0, [40.0, 117.0])  # without the raise this would report 117%
     assert raised and peak == 117.0 and max(40.0, 117.0) / peak <= 1.0
 
 

@@ -1,6 +1,6 @@
 """Generation speed: minigpt's KV-cached decoding against its own naive path and Hugging Face `generate`.
 
-Shape (issue 7): 6 layers x 384 wide x 6 heads, vocab 50304, block 1024, random weights, batch 1,
+Shape: 6 layers x 384 wide x 6 heads, vocab 50304, block 1024, random weights, batch 1,
 16 prompt tokens + 256 new ones, greedy. Every contender really generates all 256 tokens (the
 reference gets `eos_token_id=None` and `min_new_tokens`, and random weights rarely repeat a stop
 token anyway). minigpt's models are prepared as the generator prepares them (`prepare_for_decoding`: the

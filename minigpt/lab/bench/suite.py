@@ -16,9 +16,8 @@ under a minute, for smoke tests. Sections:
                 eager vs compiled steps, break-even step count
 
 bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
-are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only, like the
-project's 2-core machine) they are emulated ~100x slower and would take minutes per step to confirm
-what the peak already says.
+are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only) they are emulated
+about 100x slower and would take minutes per step to confirm what the peak already says.
 """
 
 from __future__ import annotations
@@ -52,8 +51,8 @@ def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str 
     """The training contenders worth running here, and a note for each one left out.
 
     Each path runs in fp32 and, where bf16 matmuls are fast, under bf16 autocast: the reference too, so every
-    table compares best with best. torch.compile costs 30-60 s per model on a 2-core CPU, so by default it is
-    measured on shape M only, and not at all with quick=true; compile= forces it."""
+    table compares best with best. torch.compile costs tens of seconds per model on a small CPU, so by default
+    it is measured on shape M only, and not at all with quick=true; compile= forces it."""
     dtypes = ["fp32"]
     notes = []
     if bf16_is_fast(peak):
