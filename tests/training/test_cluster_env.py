@@ -108,7 +108,7 @@ def test_the_resume_command_names_the_same_launcher(env, launcher, tmp_path):
 
 @pytest.mark.parametrize("option, plugin_option, chosen", [
     ("local", "submitit_local", {"submitit_folder", "gpus_per_node"}),
-    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node", "setup"}),
+    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node", "setup", "max_num_timeout"}),
 ])
 def test_launcher_options_extend_the_plugins_and_restate_only_its_defaults(option, plugin_option, chosen):
     """configs/hydra/launcher/<option>.yaml is the plugin's config; only `chosen` keys leave its defaults."""

@@ -160,11 +160,12 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(make_train_cf
 
     monkeypatch.setattr(trainer_module, "optimizer_step", signalling_step)
     run = tmp_path / "stopped"
+    before = signal.getsignal(signal.SIGTERM)
     result = train(make_train_cfg(*RUN_OVERRIDES), run)
     assert result.interrupted and result.step == 3
     assert ckpt.read_meta(run / "checkpoints" / "last")["step"] == 3
     monkeypatch.setattr(trainer_module, "optimizer_step", real)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed after the run
+    assert signal.getsignal(signal.SIGTERM) is before  # the loop's handler is removed after the run
     result = train(make_train_cfg(*RUN_OVERRIDES, "trainer.resume=auto"), run)
     assert not result.interrupted and result.step == STEPS
     _assert_same(_weights(run), _weights(tmp_path / "straight"))
