@@ -24,7 +24,7 @@ from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unes
 from minigpt.model.gpt import GPT
 from minigpt.sampling.decode import stream_tokens
 from minigpt.sampling.naive import naive_stream_tokens
-from minigpt.sampling.sequences import GenerationStats, StopStrings, default_keep
+from minigpt.sampling.sequences import GenerationStats, StopStrings, default_keep, window_length
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 log = logging.getLogger(__name__)
@@ -72,11 +72,15 @@ def run_samples(
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     stats = GenerationStats()
     run = stream_tokens if cfg.kv_cache else naive_stream_tokens
+    keep = default_keep(model.config.block_size, cfg.window_keep_ratio)
+    seen = window_length(len(ids), model.config.block_size, keep)
+    if seen < len(ids):  # the window rule (sampling/sequences.py) cuts it: say so rather than hide it
+        err.write(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
+                  f"{model.config.block_size}; it continues from the last {seen} of them\n")
     steps = run(
         model, [ids] * cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
         params=cfg.sampling(tokenizer.vocab_size), generator=generator,
-        stop_ids=stop_ids, stop_fn=stop_strings or None,
-        keep=default_keep(model.config.block_size, cfg.window_keep_ratio), stats=stats,
+        stop_ids=stop_ids, stop_fn=stop_strings or None, keep=keep, stats=stats,
     )  # fmt: skip
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
