@@ -107,7 +107,8 @@ def test_an_hf_folder_without_the_gpt2_tokenizer_says_how_to_import_it(hf_gpt2, 
         raise UserError("tokenizer=gpt2 needs tiktoken's 'gpt2' file, which could not be loaded")
 
     monkeypatch.setattr(finetune, "build_tokenizer", offline)
-    with pytest.raises(UserError, match=r"could not be loaded; or import the folder .*scripts/import_hf.py source=.* tokenizer_dir=DIR"):
+    hint = r"could not be loaded; or import the folder .*scripts/import_hf.py source=.* tokenizer_dir=DIR"
+    with pytest.raises(UserError, match=hint):
         InitFrom.open(str(root / "hf")).tokenizer(TokenizerConfig())
 
 
