@@ -24,7 +24,7 @@ from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
 from minigpt.sampling.decode import stream_tokens
 from minigpt.sampling.naive import naive_stream_tokens
-from minigpt.sampling.sequences import GenerationStats, Step, StopFn, StopStrings, default_keep
+from minigpt.sampling.sequences import GenerationStats, Step, StopFn, StopStrings, default_keep, window_length
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
@@ -86,6 +86,11 @@ def run_samples(
     stop_ids, stop_strings = _stops(cfg, tokenizer)
     generator = torch.Generator(device=loaded.decoder.step.device).manual_seed(cfg.seed)
     stats = GenerationStats()
+    block_size = loaded.decoder.model.config.block_size
+    seen = window_length(len(ids), block_size, default_keep(block_size, cfg.window_keep_ratio))
+    if seen < len(ids):  # the window rule (sampling/sequences.py) cuts it: say so rather than hide it
+        err.write(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
+                  f"{block_size}; it continues from the last {seen} of them\n")
     steps = _steps(cfg, loaded, ids, stop_ids, stop_strings or None, generator, stats)
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None

@@ -176,8 +176,10 @@ def sample_text(
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     try:
-        result = generate(model, [ids], max_new_tokens=max_new_tokens, params=SamplingParams(temperature),
-                          generator=gen, stop_ids=[tokenizer.eot_id])  # the end of a document ends it
+        # the tokenizer's vocabulary: a model's may be padded past it, and those ids decode to nothing
+        params = SamplingParams(temperature, vocab_size=tokenizer.vocab_size)
+        result = generate(model, [ids], max_new_tokens=max_new_tokens, params=params, generator=gen,
+                          stop_ids=[tokenizer.eot_id])  # the end of a document ends it
     finally:
         model.train(was_training)
     return prompt + tokenizer.decode(result.tokens[0])
