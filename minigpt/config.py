@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from minigpt.data.config import PrepareConfig
 from minigpt.generation.config import GenerateConfig
 from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
+from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
     BenchConfig,
     LossCurvesConfig,
@@ -30,6 +31,7 @@ SCHEMAS = {
     "temperature_schema": TemperatureConfig, "evaluate_schema": EvaluateConfig,
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
+    "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
 }
 
 

@@ -27,6 +27,8 @@ DOCS = {
     # Transformer's block (model=seed: sinusoidal positions, post-norm, ReLU), one layer
     "docs/shape_walk_transformer.txt": ("shape_walk", ["model=seed", "model.n_embd=512", "model.n_head=16",
                                                        "model.n_layer=1", "batch_size=4", "seq_len=8"]),
+    # decoding: the hand-written text, and the tables rendered from the bench's checked-in JSON
+    "docs/decoding.md": ("decoding_doc", ["docs/decoding.json", "docs/decoding.md"]),
 }
 
 BENCH_JSON, PERFORMANCE = "docs/bench.json", "docs/performance.md"

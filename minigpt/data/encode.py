@@ -17,6 +17,7 @@ workers x IN_FLIGHT_PER_WORKER x chunk size, whatever the size of the corpus.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections import deque
@@ -29,6 +30,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from minigpt import signals
 from minigpt.data.documents import Document
 from minigpt.data.shards import DTYPES, ShardWriter
 from minigpt.data.tokenizers import Tokenizer, load_tokenizer
@@ -112,7 +114,10 @@ def encode_corpus(
             if pool is None:
                 write(encode_chunk(tokenizer, chunk, dtype, num_threads=workers))
                 continue
-            pending.append(pool.submit(_encode_in_worker, chunk, dtype))
+            # Ctrl-C reaches the whole process group: only this process stops (and ends the pool). The
+            # workers start at the first submit and keep the stop signals ignored from their first line.
+            with signals.ignored() if not pending else contextlib.nullcontext():
+                pending.append(pool.submit(_encode_in_worker, chunk, dtype))
             while len(pending) >= workers * IN_FLIGHT_PER_WORKER:
                 write(pending.popleft().result())
         while pending:

@@ -4,7 +4,6 @@ virtualised, frequency-scaled cores, and bf16 units some CPUs have and others em
     synchronize             wait for queued device work, so a clock measures the work and not its launch
     measure_matmul_flops    best FLOP/s of square matmuls in a dtype: the denominator of MFU
     measure_read_bandwidth  best bytes/s of reading a buffer larger than the caches: the denominator of MBU
-    in_out_layout_speedup   whether a decode step's one-row products run faster on weights stored (in, out)
     cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
                             `runtime.choose_cpu_dtype` decides the autocast dtype from it
 """
@@ -90,24 +89,6 @@ def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
             return best
         if elapsed < 0.05:  # too short to time reliably: make the batch bigger
             calls *= 2
-
-
-def in_out_layout_speedup(weight: torch.Tensor, repeats: int = 5) -> float:
-    """How much faster a one-row product x W^T (a decode step's work) runs with the (out, in) weight W stored
-    (in, out) in memory than as stored by nn.Linear: the ratio of the best times, the layouts interleaved."""
-    w = weight.detach()
-    layouts = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
-    x = torch.ones(1, w.shape[1], dtype=w.dtype, device=w.device)  # (1, in)
-    best = dict.fromkeys(layouts, float("inf"))
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for name, m in layouts.items():
-            synchronize(w.device)
-            start = time.perf_counter()
-            x @ m.t()  # (1, out)
-            synchronize(w.device)
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best["out_in"] / best["in_out"]
 
 
 @dataclass(frozen=True)

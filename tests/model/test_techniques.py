@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from model_helpers import VOCAB, shrunk_config, tiny_config
 
 from minigpt.errors import UserError
+from minigpt.interop.architecture import architecture_of
 from minigpt.interop.hf_gpt2 import hf_config_from_model
 from minigpt.model.attention import CausalSelfAttention, math_attention
 from minigpt.model.chunked_loss import linear_cross_entropy
@@ -250,15 +251,22 @@ def test_the_embedding_tables_are_not_counted_as_compute():
 
 
 @pytest.mark.parametrize("name", [n for n in SWITCHES if n not in ("zero_init_proj", "relu2")])
-def test_gpt2_export_refuses_every_switch_gpt2_lacks(name):
+@pytest.mark.parametrize("preset", ["gpt2", "demo"])  # the GPT-2 and the Llama family
+def test_every_export_refuses_every_switch_its_family_lacks(name, preset):
     with pytest.raises(UserError, match=f"model.{next(iter(SWITCHES[name]))}"):
-        hf_config_from_model(shrunk_config("gpt2", **SWITCHES[name]))
-    hf_config_from_model(shrunk_config("gpt2", zero_init_proj=True))  # only the init differs: it exports
+        architecture_of(shrunk_config(preset, **SWITCHES[name]))
+    assert architecture_of(shrunk_config(preset, zero_init_proj=True)) in ("gpt2", "llama")  # only the init
 
 
-def test_relu2_has_no_gpt2_equivalent():
-    with pytest.raises(UserError, match="model.activation=relu2 has no GPT-2 equivalent"):
-        hf_config_from_model(shrunk_config("gpt2", activation="relu2"))
+def test_gpt2_export_refuses_a_switch_it_lacks():
+    with pytest.raises(UserError, match="model.qk_norm=true has no Hugging Face equivalent"):
+        hf_config_from_model(shrunk_config("gpt2", qk_norm=True))
+
+
+def test_relu2_has_no_equivalent_in_either_family():
+    for preset in ("gpt2", "demo"):
+        with pytest.raises(UserError, match="model.activation=relu2 with model.pos_encoding=.* has no"):
+            architecture_of(shrunk_config(preset, activation="relu2"))
 
 
 def test_a_softcap_bounds_the_loss_of_a_confident_wrong_guess():
