@@ -38,7 +38,7 @@ def paired(arm: list[float], control: list[float]) -> dict:
     if n < 2:
         return {"n": n, "mean": mean, "low": None, "high": None, "p": None}
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    half = stats.t.ppf(0.975, n - 1) * sd / math.sqrt(n)
+    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
     p = float(stats.ttest_rel(arm, control).pvalue) if sd > 0 else (0.0 if mean else 1.0)
     return {"n": n, "mean": mean, "low": mean - half, "high": mean + half, "p": p}
 
@@ -106,7 +106,7 @@ def render_block(doc: dict) -> str:
             delta = f"{c['mean']:+.3f}{interval} vs {arm['control']}"
             p = "-" if c["p"] is None else f"{c['p']:.3f}"
         ratio = doc["step_ratios"].get(name)
-        change = " ".join(f"`{o}`" for o in arm["change"]) or "the default run"
+        change = " ".join(f"`{o}`" for o in arm["change"]) or "none (a control)"
         time = "-" if ratio is None else f"{ratio:.2f}x"
         lines.append(f"| {name} | {change} | {arm['steps']:,} | {len(runs)} | {loss:.3f} | {bpb:.3f} "
                      f"| {delta} | {p} | {time} |")
