@@ -87,6 +87,6 @@ def _refuse_techniques(cfg: ModelConfig, target: str) -> None:
     ]
     for key, value, plain, what in added:
         if value != plain:
-            value_text = str(value).lower() if isinstance(value, bool) else value
-            raise UserError(f"model.{key}={value_text} has no {target} equivalent ({what}); train without it "
-                            f"(model.{key}={str(plain).lower() if isinstance(plain, bool) else plain}) to export")
+            value_text, plain_text = (str(v).lower() if isinstance(v, bool) else v for v in (value, plain))
+            raise UserError(f"model.{key}={value_text} has no {target} equivalent ({what}); a model trained "
+                            f"with model.{key}={plain_text} exports")

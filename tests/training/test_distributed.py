@@ -130,7 +130,7 @@ def runs(tmp_path_factory):
     corpus = write_corpus(root / "corpus")
     # grad_accum_steps=2 exercises no_sync; eval/ckpt every 2 steps exercises the rank-0-only writes mid-run.
     overrides = [*fast_overrides(root, corpus), f"trainer.max_steps={STEPS}", "trainer.grad_accum_steps=2",
-                 "trainer.eval_every=2", "trainer.ckpt_every=2", "optim=adamw", "optim.lr=1e-2",  # FSDP: AdamW
+                 "trainer.eval_every=2", "trainer.ckpt_every=2", "optim=adamw", "optim.lr=1e-2",  # FSDP
                  f"optim.decay_steps={STEPS}",  # the schedule must not depend on max_steps (HALF then resume)
                  "logging.sample_tokens=4", "device.peak_tflops=1"]  # peak given: no matmul timing
     cfg = to_object(compose_train(overrides), TrainConfig)
