@@ -9,8 +9,9 @@ stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, 
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
 `best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
 the current step (`minigpt/signals.py`). The run ends when its budget is used (`budget.py`:
-`trainer.max_steps` steps and/or `trainer.max_time` of training time, on rank 0's clock); the lr of each step
-follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
+`trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock, `trainer.max_tokens` tokens
+or `trainer.max_flops` model FLOPs, the first one reached); the lr of each step follows the share of the
+budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
 `budget.py` (also throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one
 update), `reporting.py` (the progress bar or lines, TensorBoard).
 """
@@ -30,7 +31,7 @@ import torch
 from omegaconf import OmegaConf
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.checkpoint.contents import Progress, training_meta, training_state
+from minigpt.checkpoint.contents import Progress, machine_record, training_meta, training_state
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
@@ -38,7 +39,7 @@ from minigpt.errors import UserError
 from minigpt.model.factory import build_model
 from minigpt.signals import GracefulStop
 from minigpt.training import distributed, resume
-from minigpt.training.budget import Budget, ThroughputMeter, format_duration
+from minigpt.training.budget import Budget, ThroughputMeter, format_count, format_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
@@ -68,6 +69,7 @@ class TrainResult:
     train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
     val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
     mfu: float = math.nan  # model FLOPs utilisation per device over the run
+    flops: float = 0.0  # model FLOPs trained (GPT.flops_per_token x tokens_seen), over all sessions
 
 
 def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
@@ -141,8 +143,10 @@ class Trainer:
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
-        self.budget = Budget(tc.max_steps, tc.max_seconds)
-        self.schedule = LRSchedule(cfg.optim, tc.max_steps, tc.max_seconds)
+        flops_per_token = self.model.flops_per_token()
+        self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops, self.tokens_per_step,
+                             flops_per_token)
+        self.schedule = LRSchedule(cfg.optim, self.budget)
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
@@ -152,10 +156,11 @@ class Trainer:
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
         self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
-        self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
+        self.meter = ThroughputMeter(self.tokens_per_step, flops_per_token,
                                      peak_flops(cfg.device, self.runtime), env.world_size,
                                      self.runtime.synchronize, clock)
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
+        self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
         if state is not None:
             self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
             log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
@@ -166,7 +171,8 @@ class Trainer:
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
                  f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
                  self.grad_accum_steps, env.world_size)
-        log.info("budget: %s", self.budget.describe())
+        last = self.budget.last_step(self.progress.step, self.progress.tokens_seen)
+        log.info("budget: %s%s", self.budget.describe(), "" if last is None else f" (ends at step {last:,})")
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -175,9 +181,10 @@ class Trainer:
         interrupted, sample = False, ""
         with GracefulStop() as stop, self.tb:
             self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
-            with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step) as display:
+            with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step,
+                                 p.tokens_seen) as display:
                 self.meter.restart()
-                while not self.budget.done(p.step, p.train_seconds):
+                while not self.budget.done(p.step, p.train_seconds, p.tokens_seen):
                     if p.step % tc.eval_every == 0:
                         self._evaluate()
                     loss, grad_norm, lr = self._train_step()
@@ -189,7 +196,7 @@ class Trainer:
                     clock = self.seconds_before + self.meter.seconds
                     stop_requested, p.train_seconds = distributed.agree_on_stop(stop.requested, clock,
                                                                                 self.env)
-                    finished = self.budget.done(p.step, p.train_seconds)
+                    finished = self.budget.done(p.step, p.train_seconds, p.tokens_seen)
                     if p.step % lc.log_every == 0 or finished:
                         self._log_interval(loss, grad_norm, lr, display)
                     if stop_requested:
@@ -209,18 +216,20 @@ class Trainer:
             log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
                         self.last_saved)
         elif not interrupted:
-            log.info("done: step %d after %s of training, val loss %.4f (best %.4f, first %.4f), "
-                     "%.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
-                     format_duration(p.train_seconds), p.val_loss, p.best_val_loss, p.first_val_loss,
-                     p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
+            log.info("done: step %d after %s of training (%s tokens, %s FLOPs), val loss %.4f (best %.4f, "
+                     "first %.4f), %.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
+                     format_duration(p.train_seconds), f"{p.tokens_seen:,}",
+                     format_count(self.budget.flops(p.tokens_seen)), p.val_loss, p.best_val_loss,
+                     p.first_val_loss, p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
                            sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
-                           p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu)
+                           p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu,
+                           flops=self.budget.flops(p.tokens_seen))
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
         p = self.progress
-        lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds)
+        lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds, p.tokens_seen)
         self.train_model.train()
         loss = accumulate_gradients(self.train_model, self.loader.next_batch, self.grad_accum_steps,
                                     self.runtime, self.scaler)
@@ -243,9 +252,10 @@ class Trainer:
             "train/loss": loss_v, "optim/lr": lr, "optim/grad_norm": norm_v,
             "throughput/tokens_per_s": interval.tokens_per_s, "throughput/step_s": interval.step_s,
             "throughput/mfu": interval.mfu, "mem/peak_gib": peak_memory_gib(self.runtime.device),
-            "progress/tokens": p.tokens_seen,
+            "progress/tokens": p.tokens_seen, "progress/flops": self.budget.flops(p.tokens_seen),
         }, p.step)
-        display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s)
+        display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s,
+                       p.tokens_seen)
 
     def _evaluate(self) -> None:
         """Validation (the same on every rank, so is the `best` decision), a sample, their reports."""
@@ -256,11 +266,13 @@ class Trainer:
             if p.step == 0 or not math.isfinite(p.first_val_loss):
                 p.first_val_loss = p.val_loss
             self.tb.scalars({"val/loss": p.val_loss, "val/ppl": score.perplexity, "val/bpb": p.val_bpb,
-                             "progress/tokens": p.tokens_seen}, p.step)
+                             "progress/tokens": p.tokens_seen,
+                             "progress/flops": self.budget.flops(p.tokens_seen)}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
             self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (tensorboard.py)
-            of = "" if self.budget.max_steps is None else f"/{self.budget.max_steps}"
+            last = self.budget.last_step(p.step, p.tokens_seen)
+            of = "" if last is None else f"/{last}"
             log.info("step %d%s: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step, of, p.val_loss,
                      score.perplexity, p.val_bpb, " best" if improved and p.step > 0 else "")
             if improved and p.step > 0:
@@ -288,7 +300,7 @@ class Trainer:
             p = self.progress
             state = training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
             meta = training_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env.world_size,
-                                 self.evaluation.describe())
+                                 self.evaluation.describe(), self.machine)
             self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
