@@ -4,9 +4,10 @@
                 scaler, the loader's position, every rank's RNG state (plain tensors and containers)
     meta.json   enough to rebuild the model, decode its tokens and find its data without Hydra: the
                 resolved model config and full config, the tokenizer, the data folder, the latest
-                validation numbers with what they were measured on, the model FLOPs trained and the
-                machine that trained them (CPU, cores, device, the dtype the matmuls ran in), so runs
-                from different machines can be compared at equal FLOPs
+                validation numbers with what they were measured on, the model FLOPs trained, the
+                non-embedding parameter count (the N of 6N FLOPs per token) and the machine that
+                trained them (CPU, cores, device, the dtype the matmuls ran in), so runs from
+                different machines can be compared at equal FLOPs
 
 `format.py` writes and reads these files; training (`training/resume.py`) fills them and restores from them.
 """
@@ -83,7 +84,7 @@ def training_meta(progress: Progress, cfg: Any, model, tokenizer, data, world_si
     p = progress
     return {
         "step": p.step, "tokens_seen": p.tokens_seen, "train_seconds": p.train_seconds,
-        "flops": p.tokens_seen * model.flops_per_token(), "machine": machine,
+        "flops": p.tokens_seen * model.flops_per_token(), "params": model.num_params(), "machine": machine,
         "val_loss": finite_or_none(p.val_loss), "best_val_loss": finite_or_none(p.best_val_loss),
         "val_ppl": finite_or_none(math.exp(min(p.val_loss, 700.0))), "val_bpb": finite_or_none(p.val_bpb),
         "eval": {**evaluation, "eval_tokens": cfg.trainer.eval_tokens},

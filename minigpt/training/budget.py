@@ -1,12 +1,14 @@
 """How far along a run is: its budget (when it ends) and the clock and meter that measure it.
 
 **The budget.** A run ends after `trainer.max_steps` optimizer steps, `trainer.max_time` of training,
-`trainer.max_tokens` training tokens or `trainer.max_flops` model FLOPs, whichever of those that are set comes
-first. FLOPs are the model's own count per trained token (`GPT.flops_per_token`, the count MFU uses) times
-the tokens trained, so a FLOPs budget is a token budget scaled by the model's size: a model twice as costly
-per token trains on half the tokens. Tokens and FLOPs are counted, not timed, so two runs with the same
-budget do the same work on any machine, busy or idle; that is what makes their losses comparable. Time is
-for "what can I get in 3 minutes on my machine".
+`trainer.max_tokens` training tokens, `trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`
+tokens per parameter, whichever of those that are set comes first. FLOPs are the model's own count per
+trained token (`GPT.flops_per_token`, the count MFU uses) times the tokens trained, so a FLOPs budget is a
+token budget scaled by the model's cost: a model twice as costly per token trains on half the tokens. Tokens
+per parameter scale the other way, with the model's size (its non-embedding parameters, `GPT.num_params`,
+the N of the 6N FLOPs per token): the budget of a scaling ladder, whose sizes all train at one ratio. All
+three are counted, not timed, so two runs with the same budget do the same work on any machine, busy or
+idle; that is what makes their losses comparable. Time is for "what can I get in 3 minutes on my machine".
 
 Training time is the throughput meter's clock (below): the steps themselves, with evaluation, samples
 and checkpoints paused out of it. So a `3min` budget buys 3 minutes of optimisation however often the run
@@ -87,23 +89,30 @@ def format_count(n: float) -> str:
 class Budget:
     """The run's end: any of `max_steps`, `max_seconds` of training, `max_tokens`, `max_flops` (at least one).
 
-    `tokens_per_step` (every rank's) and `flops_per_token` (the model's, `GPT.flops_per_token`) are the run's
-    rates: they turn tokens into FLOPs, and the token and FLOPs limits into the step the run will end at.
+    `tokens_per_step` (every rank's), `flops_per_token` and `params` (the model's, `GPT.flops_per_token` and
+    `GPT.num_params`) are the run's rates: they turn tokens into FLOPs, and the token, FLOPs and ratio limits
+    into the step the run will end at.
     """
 
     max_steps: int | None = None
     max_seconds: float | None = None
     max_tokens: int | None = None
     max_flops: float | None = None
+    max_tokens_per_param: float | None = None
     tokens_per_step: int = 1
     flops_per_token: float = 0.0  # unknown: then no FLOPs limit can be set
+    params: int = 0  # unknown: then no tokens-per-parameter limit can be set
 
     def __post_init__(self) -> None:
-        if all(v is None for v in (self.max_steps, self.max_seconds, self.max_tokens, self.max_flops)):
-            raise UserError("set a budget: trainer.max_steps, trainer.max_time, trainer.max_tokens or "
-                            "trainer.max_flops (with several, the run ends at the first)")
+        limits = (self.max_steps, self.max_seconds, self.max_tokens, self.max_flops)
+        if all(v is None for v in (*limits, self.max_tokens_per_param)):
+            raise UserError("set a budget: trainer.max_steps, trainer.max_time, trainer.max_tokens, "
+                            "trainer.max_flops or trainer.max_tokens_per_param (with several, the run ends "
+                            "at the first)")
         if self.max_flops is not None and not self.flops_per_token > 0:
             raise ValueError("a FLOPs budget needs the model's flops_per_token")
+        if self.max_tokens_per_param is not None and not self.params > 0:
+            raise ValueError("a tokens-per-parameter budget needs the model's parameter count")
 
     def flops(self, tokens: int) -> float:
         """Model FLOPs of training on `tokens` tokens."""
@@ -111,12 +120,14 @@ class Budget:
 
     @property
     def token_limit(self) -> float | None:
-        """The tokens the token and FLOPs limits allow (the smaller), or None when neither is set."""
+        """The tokens the token, FLOPs and ratio limits allow (the smallest), or None when none is set."""
         limits = []
         if self.max_tokens is not None:
             limits.append(float(self.max_tokens))
         if self.max_flops is not None:
             limits.append(self.max_flops / self.flops_per_token)
+        if self.max_tokens_per_param is not None:
+            limits.append(self.max_tokens_per_param * self.params)
         return min(limits) if limits else None
 
     def progress(self, step: int, seconds: float, tokens: int) -> float:
@@ -153,6 +164,9 @@ class Budget:
             parts.append(f"{format_count(self.max_flops)} FLOPs")
         if self.max_tokens is not None:
             parts.append(f"{self.max_tokens:,} tokens")
+        if self.max_tokens_per_param is not None:
+            parts.append(f"{self.max_tokens_per_param:g} tokens per parameter "
+                         f"({self.max_tokens_per_param * self.params:,.0f} tokens)")
         if self.max_steps is not None:
             parts.append(f"{self.max_steps} steps")
         return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")

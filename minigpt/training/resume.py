@@ -15,9 +15,9 @@ during training uses its own seeded generator (sampling/decode.py), so neither t
 Resuming restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG state,
 the data stream's position, and the step, training time and tokens the lr schedule is a function of), so 10
 steps + resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A run with a
-budget of time, tokens or FLOPs (`trainer.max_time`, `max_tokens`, `max_flops`) continues with the budget it
-has left; FLOPs are the tokens seen times the model's count per token, which resuming cannot change (the
-model config must match).
+budget of time, tokens, FLOPs or tokens per parameter (`trainer.max_time`, `max_tokens`, `max_flops`,
+`max_tokens_per_param`) continues with the budget it has left; FLOPs and the ratio follow from the tokens
+seen and the model, which resuming cannot change (the model config must match).
 
 **Fine-tuning** (`trainer.init_from=<checkpoint | run folder | Hugging Face GPT-2 folder>`). The run starts
 from the source's weights, with the source's model config and tokenizer (the data is tokenised with that
@@ -189,6 +189,11 @@ def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: D
     if tc.max_flops is not None and flops >= tc.max_flops:
         raise UserError(f"checkpoint {path} has already trained for {flops:.3g} FLOPs, the whole "
                         f"trainer.max_flops={tc.max_flops:g}; raise trainer.max_flops to continue training")
+    ratio = tokens / model.num_params()
+    if tc.max_tokens_per_param is not None and ratio >= tc.max_tokens_per_param:
+        raise UserError(f"checkpoint {path} has already trained on {ratio:.3g} tokens per parameter, the "
+                        f"whole trainer.max_tokens_per_param={tc.max_tokens_per_param:g}; raise it to "
+                        "continue training")
     ckpt.load_weights(model, path)
     return ckpt.load_state(path)
 

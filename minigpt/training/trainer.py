@@ -9,9 +9,9 @@ stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, 
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
 `best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
 the current step (`minigpt/signals.py`). The run ends when its budget is used (`budget.py`:
-`trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock, `trainer.max_tokens` tokens
-or `trainer.max_flops` model FLOPs, the first one reached); the lr of each step follows the share of the
-budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
+`trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock, `trainer.max_tokens` tokens,
+`trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`, the first one reached); the lr of each step
+follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
 `budget.py` (also throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one
 update), `reporting.py` (the progress bar or lines, TensorBoard).
 """
@@ -144,8 +144,9 @@ class Trainer:
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
         flops_per_token = self.model.flops_per_token()
-        self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops, self.tokens_per_step,
-                             flops_per_token)
+        self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops,
+                             tc.max_tokens_per_param, self.tokens_per_step, flops_per_token,
+                             self.model.num_params())
         self.schedule = LRSchedule(cfg.optim, self.budget)
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,

@@ -231,6 +231,8 @@ def test_budget_words():
     assert Budget(400, 180.0).describe() == "3:00 of training time or 400 steps, whichever comes first"
     assert Budget(max_tokens=1_500_000).describe() == "1,500,000 tokens"
     assert Budget(max_flops=8.16e12, flops_per_token=1.0).describe() == "8.16e+12 FLOPs"
+    ratio = Budget(max_tokens_per_param=2, params=787_296)
+    assert ratio.describe() == "2 tokens per parameter (1,574,592 tokens)"
     assert format_duration(3725.9) == "1:02:05" and format_duration(7.2) == "0:07"
     assert Budget(400, 180.0).remaining(100, 60.0, 0, 0.5) == 120.0  # time binds: 120 s < 300 steps x 0.5 s
     assert Budget(400, 180.0).remaining(390, 60.0, 0, 0.5) == 5.0  # steps bind
@@ -247,6 +249,8 @@ RATES = {"tokens_per_step": 1000, "flops_per_token": 3e6}
     (Budget(max_flops=3.1e10, **RATES), 11),
     (Budget(max_steps=7, max_flops=3e10, **RATES), 7),  # the first limit reached
     (Budget(max_tokens=20_000, max_flops=3e10, **RATES), 10),
+    (Budget(max_tokens_per_param=2.0, params=5000, **RATES), 10),  # 2 x 5,000 parameters
+    (Budget(max_tokens_per_param=2.5, params=5000, max_tokens=20_000, **RATES), 13),  # 12,500 tokens
 ])
 def test_token_and_flops_budgets_end_at_the_first_step_at_or_past_them(budget: Budget, last: int):
     steps = [s for s in range(1, 30) if budget.done(s, 0.0, s * 1000)]
@@ -285,6 +289,7 @@ def test_the_lr_follows_the_flops_used(schedule: str):
     ("trainer.max_tokens=0", "trainer.max_tokens=0 must be at least 1"),
     ("trainer.max_flops=0", "trainer.max_flops=0.0 must be positive"),
     ("trainer.max_flops=inf", "trainer.max_flops=inf must be positive"),
+    ("trainer.max_tokens_per_param=-2", "trainer.max_tokens_per_param=-2.0 must be positive"),
 ])
 def test_bad_token_and_flops_budgets_are_one_line_user_errors(override: str, message: str):
     with pytest.raises(UserError, match=re.escape(message)):
