@@ -16,10 +16,12 @@ from minigpt.data.config import PrepareConfig
 from minigpt.generation.config import GenerateConfig
 from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
 from minigpt.lab.config import (
+    AblationReportConfig,
     BenchConfig,
     LossCurvesConfig,
     PEPlotsConfig,
     ShapeWalkConfig,
+    SpeedrunConfig,
     TemperatureConfig,
 )
 from minigpt.training.config import TrainConfig
@@ -30,6 +32,7 @@ SCHEMAS = {
     "temperature_schema": TemperatureConfig, "evaluate_schema": EvaluateConfig,
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
+    "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
 }
 
 

@@ -112,7 +112,7 @@ def test_the_lr_follows_the_time_used_and_reaches_its_floor_at_the_budgets_end(m
         assert lr == pytest.approx(want), step
     # The last update starts one step before the end; at the end of the budget the lr is on its floor.
     assert lrs[-1][1] > peak * floor_ratio
-    assert trainer.schedule.lr(16, budget) == pytest.approx(peak * floor_ratio)
+    assert trainer.schedule.lr(16, budget, 16 * 128) == pytest.approx(peak * floor_ratio)
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
