@@ -9,7 +9,7 @@ TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only bu
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
-	device-wheels
+	scaling device-wheels
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
@@ -84,6 +84,17 @@ ABLATION_DIR ?= outputs/ablation/$(STAMP)
 ablation: install ## the baseline and each ablation x SEEDS seeds (3) at equal FLOPs, then the report; UPDATE_DOCS=1: also docs/ablation.md
 	$(call sweep,ablation,$(ABLATIONS),$(ABLATION_DIR))
 	$(PY) scripts/ablation_report.py sweep=$(ABLATION_DIR) $(if $(UPDATE_DOCS),docs=true)
+
+# The scaling ladder: files of configs/experiment/scaling/, one width each, all at the tokens-per-parameter
+# ratio of scaling/ladder.yaml; the largest is held out (the fit on the others predicts it). One seed per
+# size unless SEEDS is given: the fit's residuals are its noise.
+SCALING ?= w032 w048 w064 w096 w128
+SCALING_DIR ?= outputs/scaling/$(STAMP)
+
+scaling: SEEDS = 1
+scaling: install ## the SCALING sizes at one tokens-per-parameter ratio, a power law of val bpb vs FLOPs, checked on the largest; UPDATE_DOCS=1: also docs/scaling.md
+	$(call sweep,scaling,$(SCALING),$(SCALING_DIR))
+	$(PY) scripts/scaling.py sweep=$(SCALING_DIR) $(if $(UPDATE_DOCS),docs=true)
 
 # A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
 # matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in

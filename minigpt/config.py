@@ -20,6 +20,7 @@ from minigpt.lab.config import (
     BenchConfig,
     LossCurvesConfig,
     PEPlotsConfig,
+    ScalingConfig,
     ShapeWalkConfig,
     SpeedrunConfig,
     TemperatureConfig,
@@ -33,6 +34,7 @@ SCHEMAS = {
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
+    "scaling_schema": ScalingConfig,
 }
 
 

@@ -7,6 +7,7 @@
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
     ablation_report.py  its table, figures and docs/ablation.md block, over seeds
+    scaling.py          scripts/scaling.py: a power law of val bpb against FLOPs over model sizes, checked
     shape_walk.py       scripts/shape_walk.py: every tensor shape of a forward pass, step by step
     pe_plots.py         scripts/pe_plots.py: positional encodings drawn
     loss_curves.py      scripts/loss_curves.py: training curves of several runs, read from TensorBoard files

@@ -7,6 +7,7 @@
     BenchConfig          scripts/bench.py           configs/bench.yaml           lab/bench/
     SpeedrunConfig       scripts/speedrun.py        configs/speedrun.yaml        lab/speedrun.py
     AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
+    ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
 """
 
 from __future__ import annotations
@@ -128,3 +129,11 @@ class AblationReportConfig:
     docs: bool = False  # also copy the JSON and the figure beside `doc` and rewrite its block
     doc: str = "docs/ablation.md"  # the file holding the report between its ablation markers
 
+
+@dataclass
+class ScalingConfig:
+    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): the fit and check of a `make scaling` ladder."""
+
+    sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
+    docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
+    doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers
