@@ -11,8 +11,10 @@ TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only bu
 .PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
 	scaling device-wheels
 
+# The `## ` comments are read from this file as text, so a variable named in one is filled in here.
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | sed 's/$$(DEVICE_PYTHON)/$(DEVICE_PYTHON)/g' \
+		| awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
 .venv/installed: pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
@@ -37,7 +39,7 @@ lint: install ## ruff check
 prepare: install ## tokenise the default corpus (train does this on first use)
 	$(PY) scripts/prepare_data.py $(ARGS)
 
-train: install ## train the default tiny model on CPU for a few minutes, then sample from it
+train: install ## train the default model (model=demo) for a few minutes on CPU, then sample from it
 	$(PY) scripts/train.py $(ARGS)
 
 train-ddp: install ## train with DDP on NPROC processes (gloo on CPU, nccl on CUDA)
@@ -49,10 +51,10 @@ generate: install ## sample from the latest training run
 tensorboard: install ## serve TensorBoard over outputs/ on localhost (HOST=0.0.0.0 to expose it, PORT=6006)
 	.venv/bin/tensorboard --logdir outputs --host $(HOST) --port $(PORT)
 
-bench: install ## measure training and generation speed against the reference
+bench: install ## measure training and generation speed against Hugging Face's GPT-2 (docs/performance.md)
 	$(PY) scripts/bench.py $(ARGS)
 
-docs: install ## regenerate the tool outputs checked in under docs/ (tests/project/test_docs.py keeps them current)
+docs: install ## regenerate what the tools write under docs/ (tests/project/test_docs.py keeps it current)
 	$(PY) scripts/update_docs.py
 
 # The lab's sweeps: configs x SEEDS seeds (from FIRST_SEED) as one Hydra multirun of train.py into one sweep

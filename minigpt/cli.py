@@ -1,26 +1,46 @@
-"""What every command does around its library call: compose once, convert once, fail in one line.
+"""What every command does around its library call: compose once, convert once, end in one line.
 
 Scripts call `to_object(cfg, Schema)` once at start-up (library code only ever sees dataclasses), run their
-`@hydra.main` function through `run_cli` so that every bad input ends as one line and exit code 2, and put
-`errors.reports_user_errors` under `@hydra.main` for the errors raised inside the job.
+`@hydra.main` function through `run_cli`, and put `reports_user_errors` under `@hydra.main` for what happens
+inside the job. Between them, every command ends in one of these ways:
+
+    bad input, a fault of the machine    `error: <one line>`, exit code 2 (UserError, an unwritable path)
+    a stop signal (Ctrl-C, SIGTERM, ...)  `interrupted by SIGTERM ...`, exit code 128+N (minigpt/signals.py)
+    a reader that left (`... | head -1`)  nothing more is printed; the command goes on and ends as it would
+
+and a command that fails leaves no empty run folder behind (Hydra creates it before the job starts).
 """
 
 from __future__ import annotations
 
+import functools
 import os
-import re
-import shlex
-from collections.abc import Callable
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException, OverrideParseException
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from minigpt.errors import UserError, exit_with_error, unwritable_path_message
+from minigpt import signals
+from minigpt.errors import (
+    USER_ERROR_EXIT_CODE,
+    AlreadyReported,
+    UserError,
+    exit_with_error,
+    shell_override,
+    unwritable_path_message,
+)
+from minigpt.generation.output import ClosableOutput
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def to_object(cfg: DictConfig, schema: type[T]) -> T:
@@ -38,7 +58,7 @@ def to_object(cfg: DictConfig, schema: type[T]) -> T:
 
 
 def run_cli(main: Callable[[], object]) -> None:
-    """Run a script's `@hydra.main` function so that every bad input ends as one line and exit code 2.
+    """Run a script's `@hydra.main` function so that every way it can end is one of the module doc's.
 
     Hydra reports a config error (a misspelled key, a wrong type) as a multi-line report and a trimmed
     traceback, and re-raises nothing. With HYDRA_FULL_ERROR=1 it re-raises instead, so we set it for
@@ -48,8 +68,13 @@ def run_cli(main: Callable[[], object]) -> None:
     """
     full_report = os.environ.get("HYDRA_FULL_ERROR") == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
+    signals.install_policy()
     try:
-        main()
+        with _readers_may_leave():
+            main()
+    except signals.Interrupted as e:  # while Hydra composed, before the job
+        print(e.message(), file=sys.stderr)
+        sys.exit(e.exit_code)
     except OverrideParseException as e:  # before HydraException, its base: the grammar wants quotes
         if full_report:
             raise
@@ -64,27 +89,52 @@ def run_cli(main: Callable[[], object]) -> None:
         if full_report:
             raise
         exit_with_error(unwritable_path_message(e))
+    except AssertionError as e:  # OmegaConf's, for an override into a group that is null: see below
+        key = _override_into_null_group(e)
+        if key is None or full_report:
+            raise
+        group = key.split(".")[0]
+        exit_with_error(f"cannot set {key}: this command has no `{group}` unless you choose one; add "
+                        f"{group}=<option> before it (`ls configs/{group}` lists them, `--info defaults` "
+                        "shows what is chosen)")
+
+
+def reports_user_errors(main: F) -> F:
+    """Under `@hydra.main`: a `UserError` or an unwritable path ends the job as one line and exit code 2, a
+    stop signal as one line and 128+N; either way the run folder Hydra made for this command goes again if
+    nothing was written into it."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except BaseException as e:
+            _remove_made_folders()
+            if isinstance(e, signals.Interrupted):
+                print(e.message(), file=sys.stderr)
+                sys.exit(e.exit_code)
+            if isinstance(e, AlreadyReported):
+                sys.exit(USER_ERROR_EXIT_CODE)
+            if isinstance(e, UserError):
+                exit_with_error(str(e))
+            if isinstance(e, OSError):  # e.g. a checkpoint or data folder on a read-only or full disk
+                exit_with_error(unwritable_path_message(e))
+            raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 def unparsable_override_message(override: str, message: str) -> str:
     """One line for an override Hydra's grammar refuses (`prompt=def main(`): why, and the same override
-    quoted so that it parses, ready to paste into a shell.
-
-    Hydra reads `( ) [ ] { } , : = '` and spaces in a value as syntax (lists, sweeps, function calls); inside
-    quotes they are plain text. The shell removes one level of quotes, so the Hydra quotes go inside the
-    shell's: `"prompt='def main('"`.
-    """
+    quoted so that it parses, ready to paste into a shell (`errors.shell_override`)."""
     details = [line.strip() for line in message.splitlines()[1:]]
     details = [d for d in details if d and not d.startswith("See ") and set(d) != {"^"}]
     reason = f" ({details[0]})" if details else ""
     key, sep, value = override.partition("=")
     if not sep:
         return f"cannot parse the override {override!r}{reason}: write key=value"
-    quoted = f"{key}='" + value.replace("'", "\\'") + "'"  # Hydra: \' is a quote inside a quoted value
-    # In the shell's double quotes only \ " $ ` are special (and ! in an interactive bash: quote it apart)
-    shell = shlex.quote(quoted) if "!" in quoted else '"' + re.sub(r'([\\"$`])', r"\\\1", quoted) + '"'
     return (f"cannot parse the override {override!r}{reason}: quote a value that holds spaces or symbols "
-            f"such as ( ) [ ] , : = (quotes for Hydra inside the shell's), e.g. {shell}")
+            f"such as ( ) [ ] , : = (quotes for Hydra inside the shell's), e.g. {shell_override(key, value)}")
 
 
 def hydra_output_files(cfg: DictConfig) -> dict[str, str]:
@@ -100,3 +150,71 @@ def hydra_output_files(cfg: DictConfig) -> dict[str, str]:
 
 def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0].strip()
+
+
+def _override_into_null_group(e: AssertionError) -> str | None:
+    """The key of `data.cache_dir=...` when OmegaConf asserted on it while Hydra applied it to a config group
+    that is null here (evaluate.yaml's `data: null`): an input error that OmegaConf reports as a failed
+    assertion. None for any other assertion, which stays the bug it is."""
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        if frame.f_code.co_name == "_apply_overrides_to_config" and "override" in frame.f_locals:
+            return str(frame.f_locals["override"].key_or_group)
+    return None
+
+
+# ------------------------------------------------------------------------------- the run folder, the console
+
+_made: list[Path] = []  # the folders Hydra is about to create for this command's run, innermost first
+
+
+class RunFolderCallback(Callback):
+    """Hydra calls `on_run_start` just before it creates the run folder (`hydra.run.dir`, with any missing
+    parents): note which of them do not exist yet, so that a command that fails can take them away again
+    (`reports_user_errors`). Listed in every primary config's defaults as `hydra/callbacks: run_folder`."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
+        folder, missing = Path(str(config.hydra.run.dir)).absolute(), []
+        while not folder.exists() and folder != folder.parent:
+            missing.append(folder)
+            folder = folder.parent
+        _made[:] = missing
+
+
+def _remove_made_folders() -> None:
+    """Remove the folders Hydra made for this run, innermost first, as long as they are empty."""
+    for folder in _made:
+        try:
+            folder.rmdir()
+        except OSError:  # something was written into it after all, or it is gone already
+            break
+    _made.clear()
+
+
+class _ReaderMayLeave:
+    """sys.stdout / sys.stderr for a command whose reader may stop reading (`| head -1`): after the first
+    write that finds the pipe closed, writes are dropped (`generation.output.ClosableOutput`), so neither
+    logging ("--- Logging error ---" per line) nor print reports a closed pipe as a failure."""
+
+    def __init__(self, stream) -> None:
+        self._stream, self._out = stream, ClosableOutput(stream)
+
+    def write(self, text: str) -> int:
+        self._out.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._out.reader_gone:
+            self._out.write("")
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextmanager
+def _readers_may_leave() -> Iterator[None]:
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _ReaderMayLeave(sys.stdout), _ReaderMayLeave(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved

@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 from minigpt.data.config import PrepareConfig
 from minigpt.generation.config import GenerateConfig
 from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
+from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
     AblationReportConfig,
     BenchConfig,
@@ -34,7 +35,7 @@ SCHEMAS = {
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
-    "scaling_schema": ScalingConfig,
+    "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
 }
 
 

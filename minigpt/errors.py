@@ -1,18 +1,19 @@
 """The one way minigpt reports bad user input.
 
 A `UserError` is a mistake the user can fix (a config value, a path, a prompt, a checkpoint).
-Scripts catch it and print its message as one line on stderr with exit code 2 and no traceback;
-anything else is a bug and may raise normally.
+Scripts catch it and print its message as one line on stderr with exit code 2 and no traceback
+(`minigpt.cli.reports_user_errors`); anything else is a bug and may raise normally. A message that tells the
+user what to type quotes it with `shell_override`, so that it can be pasted as it is.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import os
+import re
+import shlex
 import sys
-from collections.abc import Callable
-from typing import NoReturn, TypeVar
+from typing import NoReturn
 
 USER_ERROR_EXIT_CODE = 2
 
@@ -22,13 +23,15 @@ class UserError(Exception):
     names the problem and the fix, on one line."""
 
 
+class AlreadyReported(UserError):
+    """A failure another process has already reported in its own line (the rank of a distributed run that
+    failed first): end with exit code 2 and print nothing more."""
+
+
 def exit_with_error(message: str) -> NoReturn:
     """End the process the way every script reports bad input: `error: <message>` on stderr, exit code 2."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(USER_ERROR_EXIT_CODE)
-
-
-F = TypeVar("F", bound=Callable[..., object])
 
 
 def unwritable_path_message(e: OSError) -> str:
@@ -45,20 +48,19 @@ def unwritable_path_message(e: OSError) -> str:
     return f"cannot write {path}: {e.strerror or e} ({fix})"
 
 
-def reports_user_errors(main: F) -> F:
-    """Make a script's main function end a `UserError` (or an unwritable path) as one line and exit code 2.
+def shell_override(key: str, value: str) -> str:
+    """`key=value` as it must be typed into a shell so that Hydra reads `value` back exactly.
 
-    Put it under `@hydra.main`: the error is handled inside Hydra's job, before Hydra would print
-    a report of its own ("Error executing job with overrides ...") around it.
+    Two layers of quoting. Hydra's grammar reads spaces, `( ) [ ] { } , = '` and `${` in a value as syntax
+    and allows no non-ASCII letter outside quotes; inside them (`key='value'`) it takes everything
+    literally, with a quote written `\\'` (the backslashes before it, or at the end, doubled) and an
+    interpolation `\\${`. The shell removes one level of quotes of its own: inside its double quotes only
+    `\\ " $` and backquotes are special (and `!` in an interactive bash, so a value with one is
+    single-quoted instead). A plain value needs neither.
     """
-
-    @functools.wraps(main)
-    def wrapper(*args, **kwargs):
-        try:
-            return main(*args, **kwargs)
-        except UserError as e:
-            exit_with_error(str(e))
-        except OSError as e:  # e.g. a checkpoint or data folder on a read-only or full disk
-            exit_with_error(unwritable_path_message(e))
-
-    return wrapper  # type: ignore[return-value]
+    if re.fullmatch(r"[A-Za-z0-9_./+\-]+", value):
+        return f"{key}={value}"
+    hydra = re.sub(r"(\\*)'", lambda m: m[1] * 2 + "\\'", value)
+    hydra = re.sub(r"(\\+)$", lambda m: m[1] * 2, hydra).replace("${", "\\${")
+    quoted = f"{key}='{hydra}'"
+    return shlex.quote(quoted) if "!" in quoted else '"' + re.sub(r'([\\"$`])', r"\\\1", quoted) + '"'

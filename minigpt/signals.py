@@ -1,44 +1,150 @@
-"""Ctrl-C and `kill` during training: finish the step, write a checkpoint, exit cleanly.
+"""One signal policy for every command: what SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 do.
 
-Without this, SIGINT raises KeyboardInterrupt wherever the interpreter happens to be (possibly inside an
-optimizer update) and SIGTERM (what schedulers and `torchrun` send) kills the process outright: up to
-`trainer.ckpt_every` steps of work lost. With it, the signal only sets a flag; the loop reads the flag between
-steps, saves `checkpoints/last` and returns, and `trainer.resume=auto` continues exactly from there.
+They are the signals a user or a scheduler sends to say "stop": Ctrl-C (SIGINT), `kill` and `torchrun`
+(SIGTERM), a closed terminal or ssh session (SIGHUP), SLURM's warning before a time limit (`#SBATCH
+--signal=USR1@120` or USR2) and submitit's checkpoint-and-requeue signal (SIGUSR2). Their default action
+kills a Python process outright (SIGINT raises KeyboardInterrupt wherever the interpreter happens to be), so
+a half-built cache folder stays on disk and up to `trainer.ckpt_every` steps of a training are lost.
 
-Further signals while the checkpoint is being written are ignored (with a note): `torchrun` forwards the
-terminal's Ctrl-C to its workers a second time, and a half-written checkpoint is what we are avoiding. A run
-that must die at once can still be sent SIGKILL; checkpoints are written atomically, so even that loses only
-the steps since the last one.
+Two modes, one per kind of work:
+
+    install_policy()    every command, at start-up (`minigpt.cli.run_cli`, `training.launch`): a stop signal
+                        raises `Interrupted` (a KeyboardInterrupt) where the program is, so every `finally`
+                        and `with` on the way out runs: temporaries are removed, nothing half-written is
+                        published. The script ends with one line, `interrupted by SIGTERM ...`, exit 128+N.
+    GracefulStop        the training loop: a stop signal only sets a flag, the loop reads it between steps,
+                        writes `checkpoints/last` and returns; the script prints the resume command and exits
+                        128+N, or gives the signal to its previous owner (`resend`): under submitit that is
+                        submitit's own handler, which requeues the job.
+
+A signal the process inherited as ignored (`nohup` ignores SIGHUP, a shell's background job SIGINT) stays
+ignored in both modes: whoever started the process asked for that. SIGKILL cannot be caught; checkpoints and
+caches are written atomically, so even it loses only the work since the last one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def exit_code(signum: int) -> int:
+    """The shell's convention for a process ended by signal N: 128 + N (130 for Ctrl-C)."""
+    return 128 + int(signum)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal arrived outside the training loop. A KeyboardInterrupt, so code that already tidies up
+    after Ctrl-C (context managers, `finally`, process pools) does the same for SIGTERM and the others."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal_name(signum))
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self.signum)
+
+    def message(self) -> str:
+        """The one line a script prints for it."""
+        return f"interrupted by {signal_name(self.signum)}: stopped before the end, nothing half-written kept"
+
+
+_owners: dict[int, object] = {}  # the handlers `ignore_until_exit` replaced, for `resend`
+
+
+def _raise_interrupted(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()  # only it may install handlers
+
+
+def install_policy() -> None:
+    """Make every stop signal raise `Interrupted` (those inherited as ignored stay ignored). Idempotent."""
+    if not _in_main_thread():
+        return
+    _owners.clear()
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _raise_interrupted)
+
+
+@contextlib.contextmanager
+def ignored() -> Iterator[None]:
+    """Stop signals ignored inside, restored afterwards. For a process on its way out, reporting why, which
+    the SIGTERM its launcher sends the survivors must not cut short; and around starting helper processes
+    (a pool's workers), which inherit the ignored signals from their first line: Ctrl-C reaches the whole
+    process group, and a worker would print its own KeyboardInterrupt while the parent tidies up."""
+    saved = {}
+    if _in_main_thread():
+        for sig in STOP_SIGNALS:
+            saved[sig] = signal.signal(sig, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def ignore_until_exit() -> None:
+    """Ignore every stop signal from now on: for a process that is ending and reporting how (a stopped run
+    printing its resume command, a rank whose peer died): torchrun sends SIGTERM to the other workers as soon
+    as one exits, and their last lines must still come out. `resend` still finds the replaced handlers."""
+    if _in_main_thread():
+        for sig in STOP_SIGNALS:
+            _owners.setdefault(sig, signal.signal(sig, signal.SIG_IGN))
+
+
+def resend(signum: int) -> None:
+    """Give `signum` to the handler that owned it before training took it, as if it had just arrived.
+
+    Under submitit that is submitit's own (SIGUSR2: checkpoint the job's callable and requeue it; that
+    handler ends the process itself). Our own policy handler, the default and SIG_IGN are not called: the
+    caller then ends the process the plain way.
+    """
+    handler = _owners.get(signum, signal.getsignal(signum))
+    if callable(handler) and handler is not _raise_interrupted:
+        handler(signum, None)
 
 
 class GracefulStop:
-    """`with GracefulStop() as stop: ... if stop.requested: break` — SIGINT/SIGTERM set `requested`.
+    """`with GracefulStop() as stop: ... if stop.requested: break` — any stop signal sets `requested`.
 
-    Handlers can only be installed from the main thread; elsewhere (e.g. a test runner's worker thread) the
-    context does nothing and signals keep their usual effect.
+    Further signals while the run is finishing its step and writing the checkpoint are ignored (with a note):
+    `torchrun` forwards the terminal's Ctrl-C to its workers a second time, and a half-written checkpoint is
+    what we are avoiding. On exit the previous handlers come back (so `resend` finds them). Handlers can
+    only be installed from the main thread; elsewhere (e.g. a test runner's worker thread) the context does
+    nothing and signals keep their usual effect.
     """
 
     def __init__(self) -> None:
         self.requested = False
-        self.signal_name: str | None = None
+        self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
+    @property
+    def signal_name(self) -> str | None:
+        return None if self.signum is None else signal_name(self.signum)
+
     def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
+        if _in_main_thread():
             for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -48,10 +154,10 @@ class GracefulStop:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
+        name = signal_name(signum)
         if self.requested:
             log.warning("%s again: still finishing the step and writing the checkpoint "
                         "(SIGKILL aborts at once)", name)
             return
-        self.requested, self.signal_name = True, name
+        self.requested, self.signum = True, signum
         log.warning("%s received: stopping after this step and writing a checkpoint", name)

@@ -15,9 +15,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import UserError, reports_user_errors
+from minigpt.errors import UserError
 from minigpt.lab.config import BenchConfig
 
 register_configs()

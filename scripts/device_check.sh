@@ -7,8 +7,8 @@
 # Made to succeed on its first try on a machine with no network whose Python has torch, tiktoken, safetensors,
 # tensorboard, transformers, matplotlib, tqdm and pytest but not hydra-core, omegaconf, antlr4-python3-runtime or
 # rustbpe. Before coming here, on a machine with network: `make device-wheels` (fills .whl/, git-ignored), and
-# carry .whl along (the device tool's `carry: [".whl"]`). Environment: PYTHON (default python3), DEVICE_WHEELS
-# (default .whl).
+# bring .whl along with the working tree (it is git-ignored, so copy it explicitly). Environment: PYTHON
+# (default python3), DEVICE_WHEELS (default .whl).
 #
 # Steps, each under its own timeout so one stuck step cannot eat the budget:
 #   1. install the wheels offline (pip --no-index --no-deps) into a fresh temporary folder, put it and this

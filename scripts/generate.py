@@ -14,9 +14,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import reports_user_errors
 from minigpt.generation.config import GenerateConfig
 
 register_configs()
@@ -36,14 +35,11 @@ def main(cfg: DictConfig) -> None:
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, GenerateConfig)
-    model, tokenizer, _ = load_for_generation(config)
-    try:
-        if config.interactive:
-            run_interactive(config, model, tokenizer, _read_line, sys.stdout, sys.stderr)
-            return
-        texts, _ = run_samples(config, model, tokenizer, sys.stdout, sys.stderr)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    loaded = load_for_generation(config)
+    if config.interactive:
+        run_interactive(config, loaded, _read_line, sys.stdout, sys.stderr)
+        return
+    texts, _ = run_samples(config, loaded, sys.stdout, sys.stderr)
     (out_dir / "samples.txt").write_text("".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts)))
 
 

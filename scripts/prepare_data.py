@@ -11,10 +11,9 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import PrepareConfig, register_configs
 from minigpt.data.prepare import prepare_dataset
-from minigpt.errors import reports_user_errors
 
 register_configs()
 

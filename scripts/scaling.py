@@ -20,9 +20,8 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import reports_user_errors
 from minigpt.lab.config import ScalingConfig
 
 register_configs()

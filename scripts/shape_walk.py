@@ -1,7 +1,7 @@
 """Print every tensor shape of a forward pass: `python scripts/shape_walk.py [model=<option>] [key=value]`.
 
 Examples:
-    python scripts/shape_walk.py                          # the default tiny model
+    python scripts/shape_walk.py                          # the default model (model=demo)
     python scripts/shape_walk.py model=modern seq_len=16  # RoPE, RMSNorm, SwiGLU, grouped-query attention
     python scripts/shape_walk.py checkpoint=outputs/train/<date>/<time>
 
@@ -14,9 +14,8 @@ from __future__ import annotations
 import hydra
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import reports_user_errors
 from minigpt.lab.config import ShapeWalkConfig
 
 register_configs()

@@ -13,9 +13,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minigpt.cli import run_cli, to_object
+from minigpt.cli import reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import reports_user_errors
 from minigpt.lab.config import TemperatureConfig
 
 register_configs()

@@ -2,8 +2,9 @@
 
 Thin on purpose: compose the config (Hydra), convert it to dataclasses once, and hand it to the library's
 `train(cfg, out_dir)`. Bad input ends with one line on stderr and exit code 2; set HYDRA_FULL_ERROR=1 for
-Hydra's full report and traceback instead. Ctrl-C (or SIGTERM) stops after the current step, writes a
-checkpoint and prints the command that resumes it.
+Hydra's full report and traceback instead. Ctrl-C, SIGTERM, SIGHUP, SIGUSR1 or SIGUSR2 stop after the
+current step, write a checkpoint, print the command that resumes it and exit 128+N (in a submitit job the
+signal then goes on to submitit, which requeues the job: docs/faults.md).
 
 Under `torchrun` (one machine or several), `srun` or a multi-task job of `hydra/launcher=submitit_slurm`, only
 global rank 0 goes through Hydra; the other ranks train rank 0's config in rank 0's run folder
@@ -20,9 +21,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from minigpt.cli import hydra_output_files, run_cli, to_object
+from minigpt.cli import hydra_output_files, reports_user_errors, run_cli, to_object
 from minigpt.config import register_configs
-from minigpt.errors import exit_with_error, reports_user_errors
+from minigpt.errors import exit_with_error
+from minigpt.signals import signal_name
 from minigpt.training.config import TrainConfig
 from minigpt.training.launch import Launch, rank0_task, this_process
 
@@ -41,10 +43,12 @@ def main(cfg: DictConfig) -> None:
     launch.share((config, out_dir))
     result = train(config, out_dir, env=launch.env, record_files=hydra_output_files(cfg))  # see train.yaml
     if result.interrupted:
-        print(f"stopped at step {result.step}; checkpoint: {result.checkpoint}")
         overrides = list(HydraConfig.get().overrides.task)  # this job's own, also in a sweep
-        print(f"resume with:  {launch.resume_command(out_dir, overrides)}")
-        return
+        resume = launch.resume_command(out_dir, overrides)
+        print(f"stopped at step {result.step}; checkpoint: {result.checkpoint}")
+        print(f"resume with:  {resume}")
+        launch.after_stop(result.stop_signal, f"stopped by {signal_name(result.stop_signal)} at step "
+                          f"{result.step}, checkpoint {result.checkpoint} written; resume with: {resume}")
     if result.sample:
         print(f"\n--- sample after {result.step} steps ---\n{result.sample}\n---")
     print(f"val loss {result.first_val_loss:.3f} -> {result.val_loss:.3f} (best {result.best_val_loss:.3f}), "

@@ -10,12 +10,15 @@ import hashlib
 import logging
 import os
 import runpy
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+
+from minigpt.signals import STOP_SIGNALS
 
 
 @dataclass
@@ -34,10 +37,12 @@ def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str] | 
     (none without `capsys`).
 
     Like the end of a process, the end of the run closes the log handlers the script's Hydra job attached
-    (its train.log), so later tests in this process cannot write into that run folder.
+    (its train.log), so later tests in this process cannot write into that run folder, and puts back the
+    handlers of the stop signals (every command installs its own: minigpt/signals.py).
     """
     path = ROOT / "scripts" / f"{name}.py"
     saved_argv, saved_env = sys.argv, dict(os.environ)
+    saved_signals = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}  # a command installs its own
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
     os.environ.pop("HYDRA_FULL_ERROR", None)  # the scripts set it for themselves; start each run clean
@@ -57,6 +62,8 @@ def run_script(name: str, args: list[str], capsys: pytest.CaptureFixture[str] | 
             handler.close()
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
+        for sig, handler in saved_signals.items():
+            signal.signal(sig, handler)
     if capsys is None:
         return ScriptRun(code, "", "")
     captured = capsys.readouterr()

@@ -17,6 +17,7 @@ import contextlib
 import multiprocessing.process
 import os
 import random
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from omegaconf import DictConfig
 
 from minigpt.cli import to_object
 from minigpt.config import register_configs
+from minigpt.signals import STOP_SIGNALS
 from minigpt.training.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,6 +100,16 @@ def seed_every_test() -> None:
     random.seed(TEST_SEED)
     np.random.seed(TEST_SEED)
     torch.manual_seed(TEST_SEED)
+
+
+@pytest.fixture(autouse=True)
+def restore_stop_signal_handlers() -> Iterator[None]:
+    """Every test leaves the stop signals' handlers as it found them: a command run in this process installs
+    minigpt's own (minigpt/signals.py), which a later test must not inherit."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
 
 
 def compose_train(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:

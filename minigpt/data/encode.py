@@ -8,15 +8,16 @@ Workers are processes started with `spawn` (a fresh interpreter that loads the t
 was saved to; `fork` would copy a parent that may hold torch's threads and their locks). Like every spawned
 process, each imports the launching script again, so a script that calls `prepare_dataset` must keep its
 work under `if __name__ == "__main__":` (minigpt's scripts do; a notebook needs nothing). They start only
-once the corpus has passed POOL_MIN_CHARS: starting them costs about a second (an interpreter plus numpy,
-tiktoken and the launching script's imports), more than a small corpus takes to encode here -- which
-tiktoken does on `num_workers` threads anyway, since its Rust encoder releases the GIL. At most
+once the corpus has passed POOL_MIN_CHARS: starting one costs an interpreter plus the imports of numpy,
+tiktoken and the launching script, more than a small corpus takes to encode -- which tiktoken does on
+`num_workers` threads anyway, since its Rust encoder releases the GIL. At most
 IN_FLIGHT_PER_WORKER chunks per worker are queued, so memory stays near
 workers x IN_FLIGHT_PER_WORKER x chunk size, whatever the size of the corpus.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 from collections import deque
@@ -29,13 +30,14 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from minigpt import signals
 from minigpt.data.documents import Document
 from minigpt.data.shards import DTYPES, ShardWriter
 from minigpt.data.tokenizers import Tokenizer, load_tokenizer
 from minigpt.errors import UserError
 
 ENCODE_CHUNK_CHARS = 4_000_000  # a few MB of text per task: enough to hide the hand-over, small in memory
-POOL_MIN_CHARS = 32_000_000  # ~6 s of one core's bpe encoding: past this, the workers' start-up is repaid
+POOL_MIN_CHARS = 32_000_000  # seconds of one core's bpe encoding: past this, the workers' start-up is repaid
 IN_FLIGHT_PER_WORKER = 2  # one chunk being encoded, one waiting: no worker idles while results are written
 
 Chunk = dict[str, list[str]]  # split -> the texts of its documents in this chunk, in order
@@ -112,7 +114,10 @@ def encode_corpus(
             if pool is None:
                 write(encode_chunk(tokenizer, chunk, dtype, num_threads=workers))
                 continue
-            pending.append(pool.submit(_encode_in_worker, chunk, dtype))
+            # Ctrl-C reaches the whole process group: only this process stops (and ends the pool). The
+            # workers start at the first submit and keep the stop signals ignored from their first line.
+            with signals.ignored() if not pending else contextlib.nullcontext():
+                pending.append(pool.submit(_encode_in_worker, chunk, dtype))
             while len(pending) >= workers * IN_FLIGHT_PER_WORKER:
                 write(pending.popleft().result())
         while pending:

@@ -23,6 +23,13 @@ prepare leaves nothing behind, and processes preparing the same dataset at once 
 filesystem, two jobs) all end with the same intact folder: the first rename wins, the others find an
 intact folder and drop their copy. A damaged folder is moved aside before its replacement is renamed in;
 jobs that have its shards mapped keep reading them (POSIX keeps a moved or deleted file alive while open).
+
+An interrupted prepare (Ctrl-C, SIGTERM: minigpt/signals.py) removes its temporary folder on the way out;
+one killed outright (SIGKILL) cannot, so every prepare first sweeps the cache of the temporaries of processes
+that are gone (temporaries.py).
+
+A write that fails (a full disk, a file size limit) ends with one line naming the dataset folder that was
+being prepared, and leaves no temporary folder.
 """
 
 from __future__ import annotations
@@ -35,7 +42,6 @@ import platform
 import shutil
 import tempfile
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +52,7 @@ from minigpt.data.encode import encode_corpus
 from minigpt.data.shards import HASH, ShardWriter, TokenSplit, dtype_for
 from minigpt.data.sources import Corpus, load_corpus
 from minigpt.data.streaming import StreamedCorpus
+from minigpt.data.temporaries import remove_dead_temporaries, temporary_name
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from minigpt.data.verify import META_FILE, TOKENIZER_DIR, find_damage, folder_digests, read_meta, stamp_now
 from minigpt.errors import UserError
@@ -100,26 +107,39 @@ class GivenTokenizer:
         return self.tokenizer.kind
 
 
+class CorpusChanged(UserError):
+    """The corpus' fingerprint is not the one expected (a resumed run's checkpoint recorded another)."""
+
+    def __init__(self, expected: str, found: str) -> None:
+        super().__init__(f"the corpus changed: fingerprint {expected[:12]} expected, {found[:12]} found")
+        self.expected, self.found = expected, found
+
+
 def prepare_dataset(
     data_cfg: DataConfig,
     tokenizer_cfg: TokenizerConfig | GivenTokenizer,
     cache_root: Path | None = None,
     *,
     progress: bool = True,
+    expect_fingerprint: str | None = None,
 ) -> PreparedData:
     """Prepare (or verify and reuse) the token shards for this corpus and tokenizer.
 
     `tokenizer_cfg` is the tokenizer to build, or a `GivenTokenizer` to use as it is. `cache_root`
     defaults to `data_cfg.cache_dir`. In distributed training call this on rank 0 first and on the other
-    ranks after a barrier: they then find the finished folder.
+    ranks after a barrier: they then find the finished folder. `expect_fingerprint`: raise CorpusChanged,
+    before anything is built, if the corpus is not that one (a resumed run's).
     """
     cache_root = Path(cache_root if cache_root is not None else data_cfg.cache_dir)
     t0 = time.perf_counter()
+    remove_dead_temporaries(cache_root)
     try:
         corpus = load_corpus(data_cfg, cache_root)
     except SourceMissing as missing:
         return _reuse_without_sources(cache_root, data_cfg, tokenizer_cfg, missing)
     fingerprint = _fingerprint(corpus, tokenizer_cfg)
+    if expect_fingerprint is not None and fingerprint != expect_fingerprint:
+        raise CorpusChanged(expect_fingerprint, fingerprint)
     final = cache_root / f"{data_cfg.source}-{tokenizer_cfg.kind}-{fingerprint[:12]}"
     t_collect = time.perf_counter() - t0
     if final.exists():
@@ -129,7 +149,7 @@ def prepare_dataset(
             return load_prepared(final)
         log.warning("the prepared data in %s is damaged (%s); rebuilding it", final, damage)
 
-    tmp = cache_root / f".tmp-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = temporary_name(final, ".tmp")
     try:
         tmp.mkdir(parents=True)
         meta = _build(tmp, corpus, data_cfg, tokenizer_cfg, progress=progress)
@@ -138,7 +158,13 @@ def prepare_dataset(
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
         stamp_now(tmp, meta)
         won = _publish(tmp, final, data_cfg.verify)
-    except BaseException:
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.filename is not None and not Path(os.fsdecode(e.filename)).is_relative_to(tmp):
+            raise
+        # a failed write into the temporary folder: name the folder it was for (the temporary is gone)
+        raise OSError(e.errno, e.strerror, str(final)) from None
+    except BaseException:  # Ctrl-C, SIGTERM, a bad document: nothing half-built stays
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if won:
@@ -265,7 +291,7 @@ def _publish(tmp: Path, final: Path, verify: str) -> bool:
         if _damage(final, verify) is None:
             shutil.rmtree(tmp, ignore_errors=True)
             return False
-        aside = final.with_name(f".damaged-{final.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        aside = temporary_name(final, ".damaged")
         try:
             os.rename(final, aside)
         except FileNotFoundError:  # another process moved it first

@@ -8,9 +8,9 @@ A split is the concatenation of its shards. Documents ([<|endoftext|>, tokens...
 evaluation windows run across shard boundaries, so the shard size changes files, never tokens or batches.
 
 Content hash: sha256. Where the CPU has SHA instructions (x86 since ~2017 -- AMD Zen, Intel Goldmont/Ice
-Lake -- and ARMv8 with crypto extensions) OpenSSL's sha256 runs at 1.6 GB/s on the machine this was written
-on, twice blake2b's 0.8 GB/s (blake2b has no hardware help, so it wins only on CPUs without SHA instructions),
-and sha256 is what the rest of minigpt (fingerprints, the shakespeare download) and `sha256sum` already speak.
+Lake -- and ARMv8 with crypto extensions) OpenSSL's sha256 runs on them and outpaces blake2b, which has no
+hardware help and wins only on CPUs without SHA instructions (docs/performance.md); and sha256 is what the
+rest of minigpt (fingerprints, the shakespeare download) and `sha256sum` already speak.
 """
 
 from __future__ import annotations

@@ -7,12 +7,13 @@
                    verify=stamp  (default) a shard is hashed once, then trusted while its size, mtime and
                                  inode are those recorded in `verified.json` when it last matched
 
-Why stamps by default: hashing runs at ~1.6 GB/s from the page cache (slower from disk), which is
-nothing for the default corpus (about 5 MB of bins: a few ms) but 10+ s for a 10B-token corpus, paid by
-every rank of every job on every start. Anything that writes a shard changes its mtime (and a copy, its
-inode), which sends it back to a full hash; only an edit that restores size and mtime afterwards goes
-unseen, and `data.verify=hash` catches that too. `verified.json` is written atomically and only when it
-changes; if the folder is read-only it is simply not written (every reuse then hashes).
+Why stamps by default: hashing reads every byte of every shard, which is nothing for the default corpus
+(a few MB of bins) but many seconds for a corpus of billions of tokens, paid by every rank of every job on
+every start (`make bench` measures both ways, docs/performance.md). Anything that writes a shard changes
+its mtime (and a copy, its inode), which sends it back to a full hash; only an edit that restores size and
+mtime afterwards goes unseen, and `data.verify=hash` catches that too. `verified.json` is written
+atomically and only when it changes; if the folder is read-only it is simply not written (every reuse then
+hashes).
 """
 
 from __future__ import annotations

@@ -48,9 +48,10 @@ class InferenceDeviceConfig:
         check_choice("device.type", self.type, DEVICE_TYPES)
 
 
-def check_weights_dtype(weights_dtype: str) -> None:
-    """Validate a tool's `weights_dtype=` (auto: see `runtime.inference_device`)."""
-    check_choice("weights_dtype", weights_dtype, DTYPES)
+def check_weights_dtype(weights_dtype: str, int8: bool = False) -> None:
+    """Validate a tool's `weights_dtype=` (auto: see `runtime.inference_device`). int8 (weight-only int8
+    linear layers, `model/int8.py`) only where the tool offers it: generation."""
+    check_choice("weights_dtype", weights_dtype, DTYPES + (("int8",) if int8 else ()))
 
 
 def check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -4,7 +4,6 @@ virtualised, frequency-scaled cores, and bf16 units some CPUs have and others em
     synchronize             wait for queued device work, so a clock measures the work and not its launch
     measure_matmul_flops    best FLOP/s of square matmuls in a dtype: the denominator of MFU
     measure_read_bandwidth  best bytes/s of reading a buffer larger than the caches: the denominator of MBU
-    in_out_layout_speedup   whether a decode step's one-row products run faster on weights stored (in, out)
     cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
                             `runtime.choose_cpu_dtype` decides the autocast dtype from it
 """
@@ -92,24 +91,6 @@ def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
             calls *= 2
 
 
-def in_out_layout_speedup(weight: torch.Tensor, repeats: int = 5) -> float:
-    """How much faster a one-row product x W^T (a decode step's work) runs with the (out, in) weight W stored
-    (in, out) in memory than as stored by nn.Linear: the ratio of the best times, the layouts interleaved."""
-    w = weight.detach()
-    layouts = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
-    x = torch.ones(1, w.shape[1], dtype=w.dtype, device=w.device)  # (1, in)
-    best = dict.fromkeys(layouts, float("inf"))
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for name, m in layouts.items():
-            synchronize(w.device)
-            start = time.perf_counter()
-            x @ m.t()  # (1, out)
-            synchronize(w.device)
-            if round_:
-                best[name] = min(best[name], time.perf_counter() - start)
-    return best["out_in"] / best["in_out"]
-
-
 @dataclass(frozen=True)
 class MatmulProbe:
     """Measured matmul rates of one CPU (FLOP/s), and where the numbers came from."""
@@ -143,7 +124,7 @@ def machine_key() -> str:
 
 def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
     """fp32 and bf16 matmul FLOP/s of one core of this CPU: read from `cache_dir`/device_probe.json, else
-    measured (0.2-0.4 s) and written there.
+    measured (a fraction of a second) and written there.
 
     The data cache folder (`data.cache_dir`) holds it because it is already where minigpt keeps what it can
     recompute (git-ignored, configurable, relative to the launch folder, and pointed at a temporary folder by
@@ -161,8 +142,8 @@ def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
             pass  # an entry of another layout: measure again
     cpu, threads = torch.device("cpu"), torch.get_num_threads()
     # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting
-    # for a sibling thread the OS has descheduled (on a busy 2-core machine that made 2-thread fp32 read
-    # 0.7 GFLOP/s instead of 140, close enough to emulated bf16 to pick it).
+    # for a sibling thread the OS has descheduled, which on a busy machine can make fp32 read as slow as
+    # emulated bf16 and pick the wrong dtype.
     torch.set_num_threads(1)
     try:
         probe = MatmulProbe(

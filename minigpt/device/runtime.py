@@ -189,8 +189,7 @@ def _pick_dtype(name: str, device: torch.device, probe: Callable[[], MatmulProbe
             return torch.float16, "auto: the GPU has no bf16, so fp16 with loss scaling"
         if device.type == "cpu":
             # Some CPUs compute bf16 natively (AMX, AVX512-BF16) at twice the fp32 rate or more; others
-            # emulate it at ~1 GFLOP/s (this project's AVX2 machine: 100x slower than fp32). Only a
-            # measurement tells.
+            # (AVX2-only ones) emulate it about 100x slower than fp32. Only a measurement tells.
             return choose_cpu_dtype(probe())
         return torch.float32, "auto: float32 on MPS"  # autocast on MPS gains little for models this small
     dtype = _DTYPES[name]
@@ -222,7 +221,8 @@ def peak_flops(cfg: DeviceConfig, runtime: Runtime) -> float:
     `device.peak_tflops` when set (meaning that dtype's peak), else the datasheet for a known GPU, else a
     measured probe: the best rate of 512x512 matmuls in that dtype over 0.2 s (on a CPU under bf16
     autocast, bf16 matmuls, ~100x slower than fp32 on CPUs without bf16 units). A probe is an estimate, not
-    a bound, so the MFU meter raises the peak to the model's own rate if it ever beats it (training/meter.py).
+    a bound, so the MFU meter raises the peak to the model's own rate if it ever beats it
+    (training/budget.py).
     """
     if cfg.peak_tflops is not None:
         return cfg.peak_tflops * 1e12

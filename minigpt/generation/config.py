@@ -22,8 +22,13 @@ class GenerateConfig:
     top_p: float = 1.0  # 1 = off
     seed: int = 1337
     device: InferenceDeviceConfig = field(default_factory=InferenceDeviceConfig)  # `device=cpu|cuda|mps`
-    weights_dtype: str = "auto"  # of the weights and the KV cache; auto: bfloat16 on CUDA, float32 elsewhere
+    # of the weights and the KV cache; auto: bfloat16 on CUDA, float32 elsewhere; int8: weight-only int8
+    # linear layers (model/int8.py) with float activations, their dtype measured (generation/products.py)
+    weights_dtype: str = "auto"
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
+    compile: bool = False  # torch.compile the decode step (generation/step.py); pays for long generations
+    draft: str | None = None  # speculative decoding: a smaller checkpoint, same tokenizer, proposes tokens
+    num_draft_tokens: int = 4  # tokens the draft proposes per forward of the model (with draft=)
     stream: bool = True  # print the first sample token by token as it is generated
     interactive: bool = False  # a REPL: each line is appended to one running session
     stop: list[str] = field(default_factory=list)  # stop strings, besides the end-of-text token
@@ -31,7 +36,7 @@ class GenerateConfig:
 
     def __post_init__(self) -> None:
         validate_sampling(self.temperature, self.top_k, self.top_p)
-        check_weights_dtype(self.weights_dtype)
+        check_weights_dtype(self.weights_dtype, int8=True)
         if self.max_new_tokens < 0:
             raise UserError(f"max_new_tokens={self.max_new_tokens} must be >= 0")
         if self.num_samples < 1:
@@ -42,6 +47,14 @@ class GenerateConfig:
             raise UserError(f"window_keep_ratio={self.window_keep_ratio} must be in (0, 1]")
         if self.interactive and self.num_samples != 1:
             raise UserError("interactive=true runs one conversation; drop num_samples (or set it to 1)")
+        if self.num_draft_tokens < 1:
+            raise UserError(f"num_draft_tokens={self.num_draft_tokens} must be at least 1")
+        if self.draft is not None:
+            for key, value, plain in (("num_samples", self.num_samples, 1), ("kv_cache", self.kv_cache, True),
+                                      ("interactive", self.interactive, False)):
+                if value != plain:
+                    raise UserError(f"draft= decodes one sample with the KV cache, outside interactive mode; "
+                                    f"{key}={value} cannot be combined with it (drop draft=, or {key})")
 
     def sampling(self, vocab_size: int | None = None) -> SamplingParams:
         """The sampling knobs; `vocab_size` (the tokenizer's) keeps padded model ids from being drawn."""

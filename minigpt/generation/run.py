@@ -8,52 +8,50 @@ samples are still generated to the end and returned whole.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import torch
 
-from minigpt.checkpoint.load import load_model
-from minigpt.device.probe import in_out_layout_speedup
+from minigpt.checkpoint.format import TOKENIZER_HASHES
 from minigpt.errors import UserError
 from minigpt.generation.config import GenerateConfig
+from minigpt.generation.decoder import Decoder, load_decoder
 from minigpt.generation.output import ClosableOutput
 from minigpt.generation.session import Session
+from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
-from minigpt.model.gpt import GPT
 from minigpt.sampling.decode import stream_tokens
 from minigpt.sampling.naive import naive_stream_tokens
-from minigpt.sampling.sequences import GenerationStats, StopStrings, default_keep
+from minigpt.sampling.sequences import GenerationStats, Step, StopFn, StopStrings, default_keep, window_length
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
-log = logging.getLogger(__name__)
 
 
-def load_for_generation(cfg: GenerateConfig) -> tuple[torch.nn.Module, Any, dict]:
-    """(model ready to decode, tokenizer, meta) from `cfg.checkpoint`, or the newest run under outputs/."""
-    model, tokenizer, meta = load_model(cfg.checkpoint, cfg.device.type, cfg.weights_dtype)
-    return prepare_for_decoding(model), tokenizer, meta
+@dataclass
+class Loaded:
+    """What the generate command decodes with: the model's decoder, its tokenizer and meta, and the draft's
+    decoder (with draft=)."""
+
+    decoder: Decoder
+    tokenizer: Any
+    meta: dict
+    draft: Decoder | None = None
 
 
-# The (in, out) layout must beat nn.Linear's own by this factor to be chosen: the two differ by 2-3x where
-# they differ at all (gpt.py), so a smaller ratio is timing noise, not a reason to copy every weight.
-IN_OUT_MIN_SPEEDUP = 1.2
-
-
-def prepare_for_decoding(model: GPT) -> GPT:
-    """`prepare_for_inference` with the weight layout measured on this machine: the one step that makes a
-    loaded model a decoder rather than a trainee. On a CPU, one-row products with the head's weight are timed
-    in both layouts (~0.1 s; fp32 and bf16 prefer opposite ones on AVX2, see gpt.py); a GPU keeps
-    nn.Linear's."""
-    weight = model.lm_head.weight
-    in_out = False
-    if weight.device.type == "cpu":
-        speedup = in_out_layout_speedup(weight)
-        in_out = speedup >= IN_OUT_MIN_SPEEDUP
-        log.debug("decode weights %s: one-row products measured %.2fx as fast laid out (in, out)",
-                 "laid out (in, out)" if in_out else "kept (out, in)", speedup)
-    return model.prepare_for_inference(in_out_layout=in_out)
+def load_for_generation(cfg: GenerateConfig) -> Loaded:
+    """`cfg.checkpoint` (or the newest run under outputs/) ready to decode as `cfg` asks, and `cfg.draft`."""
+    load = lambda path: load_decoder(path, cfg.device.type, cfg.weights_dtype, compile=cfg.compile,
+                                     batch_size=cfg.num_samples)
+    decoder, tokenizer, meta = load(cfg.checkpoint)
+    draft = None
+    if cfg.draft is not None:
+        draft, _, draft_meta = load(cfg.draft)
+        if draft_meta.get(TOKENIZER_HASHES) != meta.get(TOKENIZER_HASHES):
+            raise UserError(f"draft={cfg.draft!r} was trained with another tokenizer than the checkpoint; "
+                            "speculative decoding needs one tokenizer (its drafts are token ids)")
+    return Loaded(decoder, tokenizer, meta, draft)
 
 
 def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]:
@@ -61,23 +59,39 @@ def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]
     return ([] if eot is None else [eot]), StopStrings([unescape(s) for s in cfg.stop], tokenizer.decode)
 
 
+def _steps(cfg: GenerateConfig, loaded: Loaded, ids: list[int], stop_ids: list[int], stop_fn: StopFn | None,
+           generator: torch.Generator, stats: GenerationStats) -> Iterator[Step]:
+    """The decoding loop `cfg` asks for: speculative (draft=), KV-cached, or the naive reference."""
+    model, step = loaded.decoder.model, loaded.decoder.step
+    kwargs = dict(max_new_tokens=cfg.max_new_tokens, params=cfg.sampling(loaded.tokenizer.vocab_size),
+                  generator=generator, stop_ids=stop_ids, stop_fn=stop_fn,
+                  keep=default_keep(model.config.block_size, cfg.window_keep_ratio), stats=stats)
+    if loaded.draft is not None:
+        draft = loaded.draft
+        return speculative_stream_tokens(model, draft.model, ids, num_draft_tokens=cfg.num_draft_tokens,
+                                         step=step, draft_step=draft.step, **kwargs)
+    if cfg.kv_cache:
+        return stream_tokens(model, [ids] * cfg.num_samples, step=step, **kwargs)
+    return naive_stream_tokens(model, [ids] * cfg.num_samples, **kwargs)
+
+
 def run_samples(
-    cfg: GenerateConfig, model: torch.nn.Module, tokenizer: Any, out: TextIO, err: TextIO
+    cfg: GenerateConfig, loaded: Loaded, out: TextIO, err: TextIO
 ) -> tuple[list[str], GenerationStats]:
     """Generate `cfg.num_samples` continuations of the prompt as one batch; return their texts and stats."""
     out, err = ClosableOutput(out), ClosableOutput(err)
+    tokenizer = loaded.tokenizer
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     ids = encode_prompt(tokenizer, prompt)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
-    generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
+    generator = torch.Generator(device=loaded.decoder.step.device).manual_seed(cfg.seed)
     stats = GenerationStats()
-    run = stream_tokens if cfg.kv_cache else naive_stream_tokens
-    steps = run(
-        model, [ids] * cfg.num_samples, max_new_tokens=cfg.max_new_tokens,
-        params=cfg.sampling(tokenizer.vocab_size), generator=generator,
-        stop_ids=stop_ids, stop_fn=stop_strings or None,
-        keep=default_keep(model.config.block_size, cfg.window_keep_ratio), stats=stats,
-    )  # fmt: skip
+    block_size = loaded.decoder.model.config.block_size
+    seen = window_length(len(ids), block_size, default_keep(block_size, cfg.window_keep_ratio))
+    if seen < len(ids):  # the window rule (sampling/sequences.py) cuts it: say so rather than hide it
+        err.write(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
+                  f"{block_size}; it continues from the last {seen} of them\n")
+    steps = _steps(cfg, loaded, ids, stop_ids, stop_strings or None, generator, stats)
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
     out.write(prompt)
@@ -100,13 +114,13 @@ def run_samples(
 
 
 def run_interactive(
-    cfg: GenerateConfig, model: torch.nn.Module, tokenizer: Any, read_line: Callable[[], str | None],
-    out: TextIO, err: TextIO,
+    cfg: GenerateConfig, loaded: Loaded, read_line: Callable[[], str | None], out: TextIO, err: TextIO,
 ) -> Session:  # fmt: skip
     """A REPL: each line's text is appended to the conversation and the model continues it.
 
     `read_line` returns the next line, or None at end of input (Ctrl-D); an empty line also ends it.
     """
+    model, tokenizer = loaded.decoder.model, loaded.tokenizer
     out, err = ClosableOutput(out), ClosableOutput(err)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
@@ -117,6 +131,7 @@ def run_interactive(
     session = Session(
         model, cfg.sampling(tokenizer.vocab_size), generator, stop_ids=stop_ids, stop_fn=stop_strings or None,
         keep=default_keep(model.config.block_size, cfg.window_keep_ratio), on_rebuild=rebuilt,
+        step=loaded.decoder.step,
     )  # fmt: skip
     err.write("interactive: each line is appended to the session and continued; empty line or Ctrl-D quits\n")
     while (line := read_line()) is not None and line != "":

@@ -2,9 +2,10 @@
 
 Each turn appends the user's tokens to the history and feeds only those (plus the model's last
 sampled token, which had not been fed yet) through the model: everything earlier is already in
-the cache. The reply is then decoded token by token as in `generate.py`.
+the cache. The reply is then decoded token by token as in `sampling/decode.py`, through the same
+decode step (eager or compiled).
 
-The context follows the same window rule as the generator (`window.py`): the window length is a
+The context follows the same window rule as the generator (`sampling/sequences.py`): the window length is a
 function of the history length alone. Feeding k tokens normally grows the window by k; when the
 rule says otherwise the window has filled up, and the cache is rebuilt from the most recent
 tokens (a re-prefill, reported through `on_rebuild`). So a session's reply is exactly what a fresh
@@ -17,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from minigpt.sampling.decode import prefill_windows
+from minigpt.sampling.decode import DecodeFn, eager_step, prefill_windows
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
 from minigpt.sampling.sequences import StopFn, default_keep, window_length
@@ -36,8 +37,10 @@ class Session:
         stop_fn: StopFn | None = None,
         keep: int | None = None,
         on_rebuild: Callable[[int], None] | None = None,
+        step: DecodeFn | None = None,
     ):
         self.model, self.params, self.generator = model, params, generator
+        self.step = eager_step(model) if step is None else step  # the forward of each turn's new tokens
         self.block_size = model.config.block_size
         self.keep = default_keep(self.block_size) if keep is None else keep
         self.stop_ids = frozenset(stop_ids)
@@ -60,8 +63,8 @@ class Session:
         width = window_length(len(self.history), self.block_size, self.keep)
         if width == self.width + n_feed:  # the window just grows: feed only the new tokens
             new = self.history[len(self.history) - n_feed :]
-            idx = torch.tensor([new], device=self.cache.k.device)  # (1, T)
-            logits = self.model(idx, kv_cache=self.cache, last_only=True)[0][:, -1]  # (1, V)
+            idx = torch.tensor([new], device=self.cache.device)  # (1, T)
+            logits = self.step(idx, self.cache)[:, -1]  # (1, V)
             self.prefilled_tokens += n_feed
         else:  # the window is full: rebuild the cache from the most recent `width` tokens
             logits = prefill_windows(self.model, self.cache, [self.history[len(self.history) - width :]])

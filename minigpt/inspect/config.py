@@ -1,6 +1,7 @@
 """Configuration of the look-inside tools (no torch here: Hydra's schemas import this module).
 
     EvaluateConfig       scripts/evaluate.py        configs/evaluate.yaml        inspect/perplexity.py
+                                                                                 interop/harness.py
     AttentionMapsConfig  scripts/attention_maps.py  configs/attention_maps.yaml  inspect/attention_maps.py
 """
 
@@ -29,6 +30,8 @@ class EvaluateConfig:
     device: InferenceDeviceConfig = field(default_factory=InferenceDeviceConfig)  # `device=cpu|cuda|mps`
     # float32 by default: an exact number should not carry 16-bit rounding (bfloat16 is an explicit choice)
     weights_dtype: str = "float32"
+    # lm-evaluation-harness tasks to score instead of the loss, e.g. [stdlib_next_line] (shipped, offline)
+    harness_tasks: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.split not in SPLITS:
@@ -40,6 +43,20 @@ class EvaluateConfig:
         if self.max_tokens is not None and self.max_tokens < 2:
             raise UserError(f"max_tokens={self.max_tokens} must be at least 2 (or null: the whole text)")
         check_weights_dtype(self.weights_dtype)
+        if self.harness_tasks is not None:
+            self._check_harness()
+
+    def _check_harness(self) -> None:
+        """The harness scores its own task data: the keys that choose the text to score do not apply."""
+        if not self.harness_tasks:
+            raise UserError("harness_tasks=[] names no task; e.g. harness_tasks=[stdlib_next_line], or null")
+        chosen = {"data": self.data is not None, "text_file": self.text_file is not None,
+                  "stride": self.stride is not None, "max_tokens": self.max_tokens is not None,
+                  "split": self.split != "val"}
+        for key, given in chosen.items():
+            if given:
+                raise UserError(f"{key}= does not apply with harness_tasks= (the tasks bring their own "
+                                "text); drop one of them")
 
 
 @dataclass

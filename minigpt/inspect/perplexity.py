@@ -136,9 +136,16 @@ class Perplexity:
     def summary(self) -> str:
         bpb = f", {self.bpb:.4f} bits/byte over {self.score.bytes:,} bytes" if self.score.bytes else ""
         return (
-            f"loss {self.loss:.4f} nats/token, perplexity {self.perplexity:.3f} over {self.tokens:,} tokens"
+            f"loss {self.loss:.4f} nats/token, perplexity {format_perplexity(self.perplexity, 3)} over "
+            f"{self.tokens:,} tokens"
             f"{bpb} (window {self.window}, stride {self.stride})"
         )
+
+
+def format_perplexity(ppl: float, decimals: int = 1) -> str:
+    """exp(loss) for a log line: fixed-point while it is readable, else in exponent form (a diverged model's
+    exp(700) would be 305 digits)."""
+    return f"{ppl:.{decimals}f}" if ppl < 1e6 else f"{ppl:.3g}"
 
 
 def document_tokens(texts: Sequence[str], tokenizer) -> torch.Tensor:

@@ -1,5 +1,17 @@
-"""Other formats of a model, in and out of minigpt's checkpoints.
+"""Other formats of a model, in and out of minigpt's checkpoints, and a standard evaluation harness.
 
-    hf_gpt2.py        Hugging Face GPT-2 weights <-> `GPT` (the name-by-name mapping)
-    hf_checkpoint.py  Hugging Face GPT-2 folders <-> minigpt checkpoint folders
+Read in this order:
+    architecture.py   which outside architecture a model is (gpt2 or llama), or the feature that makes it none
+    hf_files.py       the files of a Hugging Face folder; `staged_output`, how every export is written
+    hf_gpt2.py        GPT-2's config.json and weights <-> `GPT` (the name-by-name mapping)
+    hf_llama.py       Llama's config.json and weights <-> `GPT` (the fused projections split)
+    hf_tokenizer.py   minigpt tokenizers <-> Hugging Face fast tokenizers (tokenizer.json)
+    hf_checkpoint.py  Hugging Face folders <-> minigpt checkpoint folders (export_hf, import_hf)
+    gguf_vocab.py     a tokenizer as GGUF metadata, with llama.cpp's matching pre-tokenizer
+    gguf_export.py    a model as one GGUF file (f32, f16, bf16, q8_0) for llama.cpp and Ollama
+    export.py         scripts/export.py: format=hf | gguf
+    lm_eval_model.py  the `minigpt` model of lm-evaluation-harness (loglikelihood, rolling, generate_until)
+    harness_task.py   the shipped offline task (tasks/): which line really comes next in a stdlib function
+    harness.py        running lm-eval tasks on a checkpoint (scripts/evaluate.py harness_tasks=...)
+    config.py         ExportConfig, ImportHFConfig (no torch: Hydra's schemas import it)
 """

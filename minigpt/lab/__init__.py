@@ -6,7 +6,7 @@
     runs.py             the runs of a configs x seeds sweep as rows of data, and each config's summary
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
-    ablation_report.py  its table, figures and docs/ablation.md block, over seeds
+    ablation_report.py  its table, figures and the block of docs/ablation.md, over seeds
     scaling.py          scripts/scaling.py: a power law of val bpb against FLOPs over model sizes, checked
     shape_walk.py       scripts/shape_walk.py: every tensor shape of a forward pass, step by step
     pe_plots.py         scripts/pe_plots.py: positional encodings drawn

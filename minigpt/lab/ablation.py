@@ -109,7 +109,7 @@ def measure_run(run_dir: Path) -> RunMeasures:
     nats, tokens, grad_norms = loss_and_layer_grads(model, batches)
     n_bytes = int(sum(int(b.target_bytes.sum()) for b in evals))
     prompt = val.read(0, PROMPT_TOKENS).astype(np.int64).tolist()
-    greedy, sample = continuations(model, prompt)
+    greedy, sample = continuations(model, prompt, tokenizer.vocab_size)
     scalars = read_scalars(run_dir / "tb") if any((run_dir / "tb").glob(EVENT_GLOB)) else {}
     train = scalars.get("train/loss")
     return RunMeasures(
@@ -157,13 +157,14 @@ def attention_entropy(model: torch.nn.Module, idx: torch.Tensor) -> list[float]:
     return out
 
 
-def continuations(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], list[int]]:
-    """(greedy, sampled) continuations of `prompt`, NEW_TOKENS each, with the KV-cached generator."""
+def continuations(model: torch.nn.Module, prompt: list[int], vocab_size: int) -> tuple[list[int], list[int]]:
+    """(greedy, sampled) continuations of `prompt`, NEW_TOKENS each, with the KV-cached generator; only ids
+    below `vocab_size` (the tokenizer's: a model's vocabulary may be padded past it)."""
     out = []
     for temperature in (0.0, SAMPLE_TEMPERATURE):
         gen = torch.Generator().manual_seed(SAMPLE_SEED)
-        result = generate(model, [prompt], max_new_tokens=NEW_TOKENS, params=SamplingParams(temperature),
-                          generator=gen)
+        result = generate(model, [prompt], max_new_tokens=NEW_TOKENS,
+                          params=SamplingParams(temperature, vocab_size=vocab_size), generator=gen)
         out.append(result.tokens[0])
     return out[0], out[1]
 

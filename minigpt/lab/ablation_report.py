@@ -48,16 +48,16 @@ SPREAD_RATIO = 4.0  # a row whose interval is this many times the baseline's say
 
 @dataclass(frozen=True)
 class Row:
-    """What the notes argue about one ablation, and which measurements show it (`focus`)."""
+    """What the design claims about one ablation, and which measurements show it (`focus`)."""
 
     title: str
     predicts: str
     focus: tuple[str, ...] = ()  # among: train, entropy, grads, greedy
-    explains: str = ""  # what the architecture adds to the notes' argument
+    explains: str = ""  # what the architecture adds to the claim
 
 
 ROWS = {
-    BASELINE: Row("Baseline", "every piece the notes defend: the causal mask, scores divided by √D = 8, "
+    BASELINE: Row("Baseline", "every piece the design defends: the causal mask, scores divided by √D = 8, "
                   "positions (rotary), residual paths around pre-norm sublayers and a final LayerNorm.",
                   ("train", "entropy", "grads", "greedy")),
     "no_causal_mask": Row(
@@ -77,7 +77,7 @@ ROWS = {
         "LayerNorm subtracts each token's mean over its channels before any weight reads the stream, and a "
         "value added to every channel is exactly such a mean: in a pre-norm LayerNorm model integer "
         "positions vanish before the first layer (up to rounding), so this row lands beside the next one, "
-        "no positions. The gradient growth the notes derive is real for a layer that reads the raw sum (a "
+        "no positions. The predicted gradient growth is real for a layer that reads the raw sum (a "
         "post-norm first block): tests/model/test_ablation_predictions.py measures it."),
     "no_positions": Row(
         "No positional encoding", "attention alone is a weighted average that ignores order: the same "
@@ -93,8 +93,8 @@ ROWS = {
         "No final norm", "the head reads the raw residual stream, whose scale is whatever the blocks "
         "made it, instead of a normalised one.", ()),
     "post_norm": Row(
-        "Post-norm", "their own data flow, Norm(x + Sublayer(x)), normalises the skip path after every "
-        "sublayer, so the stream's magnitude is reset each time; they warn that a normalised x on the skip "
+        "Post-norm", "the original Transformer's data flow, Norm(x + Sublayer(x)), normalises the skip path "
+        "after every sublayer, so the stream's magnitude is reset each time, and a normalised x on the skip "
         "path loses the absolute strength of its features. Pre-norm leaves x untouched.", ("grads",),
         "At the lab's learning rate (3e-3 after 30 warmup steps) the post-norm stack falls into the unigram "
         "solution early and its first blocks then get almost no gradient; rerun with optim.lr=1e-3 "

@@ -37,7 +37,8 @@ def read_scalars(event_dir: Path) -> dict[str, tuple[list[int], list[float]]]:
     A resumed run appends a second event file that may repeat steps logged after the last checkpoint;
     for a repeated step the value written last (by wall time) wins, as TensorBoard itself shows it.
     """
-    # imported here: tensorboard's event reader pulls in protobuf and friends, ~1 s, only needed by this tool
+    # imported here: tensorboard's event reader pulls in protobuf and friends, slow to import and only
+    # needed by this tool
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     if not any(Path(event_dir).glob(EVENT_GLOB)):

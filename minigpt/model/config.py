@@ -1,7 +1,7 @@
 """The model's configuration: one dataclass, validated before any tensor is allocated.
 
 Besides the architectural choices it holds the *ablation switches*: each removes one piece the
-reference notes defend (the causal mask, the 1/√D scale, the positional encoding, the residual path,
+design defends (the causal mask, the 1/√D scale, the positional encoding, the residual path,
 the final norm), each is off by default (the field's default keeps the piece), and each is named for
 what it removes. They exist so that a run can show what breaks (configs/experiment/ablation/, `make
 ablation`); `ablation_warnings` says in words what a model built with them gave up.

@@ -11,7 +11,7 @@ position has to be injected. The two schemes here add a C-wide vector to each to
 The third scheme, `rope`, rotates queries and keys inside attention instead (see rope.py).
 
 Raw integer positions (`integer`: the index p added to every channel) exist only as an ablation, to
-show what the notes argue against: the value grows with p and dwarfs the ~0.02-sized token
+show why it is one: the value grows with p and dwarfs the ~0.02-sized token
 embeddings, and a weight w reading it in y = w·p + ... gets the gradient dL/dw = dL/dy · p, so the
 same error teaches ~p times harder at position p than at position 1. `none` adds nothing at all.
 

@@ -162,18 +162,18 @@ class GPT(nn.Module):
         """Switch to eval mode and, with in_out_layout, store every linear weight transposed in memory.
 
         nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
-        step that product streams the whole weight from memory, and how fast depends on the layout, the dtype
-        and the CPU: measured on one core for the (50304, 384) head of `make bench`'s generation shape (AVX2),
-        float32 ran 8.2 ms per token as stored and 3.0 ms laid out (in, out), bfloat16 13 ms as stored and 42
-        ms laid out (in, out). So the caller decides, best by measuring (generation/run.py does); None: (in,
-        out) for float32 on a CPU, as stored otherwise. Each weight keeps its shape, values and name and only
-        changes its memory layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same
-        arithmetic up to summation order. Training afterwards still computes the right gradients, slowly: call
-        this on a model that will only be sampled or scored. The tied embedding table shares the head's matrix
-        and so its layout; a lookup reads C strided values per token, which costs nothing next to the head.
+        step that product streams the whole weight from memory, and how fast it does depends on the layout,
+        the dtype and the CPU, in either direction, so the caller decides, best by measuring
+        (generation/products.py does; docs/decoding.md has the numbers); None: (in, out) for float32 on a
+        CPU, as stored otherwise. Each weight keeps its shape, values and name and only changes its memory
+        layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same arithmetic up to summation
+        order. Training afterwards still computes the right gradients, slowly: call this on a model that will
+        only be sampled or scored. The tied embedding table shares the head's matrix and so its layout; a
+        lookup reads C strided values per token, which costs nothing next to the head. Int8 layers
+        (model/int8.py) have one layout and are left as they are.
         """
         self.eval()
-        weight = self.lm_head.weight
+        weight = self.transformer.wte.weight
         if in_out_layout is None:
             in_out_layout = weight.device.type == "cpu" and weight.dtype == torch.float32
         for module in self.modules():
@@ -230,7 +230,7 @@ class GPT(nn.Module):
         if max_len > cfg.block_size:
             # positions past block_size were never trained (and learned PE has no row for them)
             raise ValueError(f"max_len={max_len} exceeds the model's block_size={cfg.block_size}")
-        weight = self.lm_head.weight
+        weight = self.transformer.wte.weight  # float in every weights_dtype (int8 quantises linears only)
         return KVCache(
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,

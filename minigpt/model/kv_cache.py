@@ -1,12 +1,22 @@
 """The key/value cache: what lets decoding feed one token per step.
 
-Every layer's keys and values for all positions seen so far are kept in one preallocated
-buffer, so a decode step only computes K/V for the new token and attends over the rest.
-Nothing is reallocated or concatenated per step: new K/V are written into the next slots.
+Every layer's keys and values for all positions seen so far are kept in preallocated buffers, so a
+decode step only computes K/V for the new token and attends over the rest. Nothing is reallocated or
+concatenated per step: new K/V are written in place into the next slots (`index_copy_`), and attention
+reads a view of the filled slots.
+
+Each layer has a buffer of its own, rather than one (L, ...) tensor seen through per-layer views. Under
+torch.compile the difference is large: a write into a view of a tensor shared by all layers is turned
+into a copy of that whole tensor, every layer of every step, while a write into a tensor of its own
+stays an in-place write of the new slots (tests/model/test_kv_cache.py counts the bytes each compiled
+kernel touches).
 
 Rows of a batch may hold prompts of different lengths. They are left-padded: row b's real
 tokens start at slot `pad[b]`; slots before that are never attended to, and row b's token in
 slot s has position s - pad[b]. So each row sees exactly what it would see if it were alone.
+
+`length` is a plain int, the same for every row. Under torch.compile it becomes a symbolic size
+(`torch.compile(..., dynamic=True)`), so one compiled decode step serves every length.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import torch
 
 
 class KVCache:
-    """Per-layer K/V buffers of shape (L, B, H_kv, T_max, D), filled up to `length` slots."""
+    """Per-layer K/V buffers, `k[l]` and `v[l]` of shape (B, H_kv, T_max, D), filled up to `length` slots."""
 
     def __init__(
         self,
@@ -28,13 +38,18 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (n_layer, batch_size, n_kv_head, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch_size, n_kv_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        self.device, self.dtype = self.k[0].device, dtype
         self.max_len = max_len
         self.length = 0  # slots filled, the same for every row (rows differ only in padding)
         self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
         self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
+
+    @property
+    def batch_size(self) -> int:
+        return self.pad.shape[0]
 
     def set_padding(self, pad: torch.Tensor) -> None:
         """Declare per-row left padding, (B,) ints. Call on an empty cache, before the prefill."""
@@ -45,7 +60,7 @@ class KVCache:
 
     def positions(self, t_new: int) -> torch.Tensor:
         """Positions of the next `t_new` tokens: (T,) without padding, else (B, T)."""
-        slots = torch.arange(self.length, self.length + t_new, device=self.pad.device)  # (T,)
+        slots = torch.arange(self.length, self.length + t_new, device=self.device)  # (T,)
         if not self.has_padding:
             return slots
         return slots.unsqueeze(0) - self.pad.unsqueeze(1)  # (B, T)
@@ -57,9 +72,8 @@ class KVCache:
         """
         if not self.has_padding and t_new == 1:
             return None
-        device = self.pad.device
-        q_slot = torch.arange(self.length, self.length + t_new, device=device)  # (T,)
-        k_slot = torch.arange(self.length + t_new, device=device)  # (S,)
+        q_slot = torch.arange(self.length, self.length + t_new, device=self.device)  # (T,)
+        k_slot = torch.arange(self.length + t_new, device=self.device)  # (S,)
         causal = k_slot.unsqueeze(0) <= q_slot.unsqueeze(1)  # (T, S)
         valid = k_slot.unsqueeze(0) >= self.pad.unsqueeze(1)  # (B, S)
         # A padding query has no valid key: a fully masked row would softmax to NaN, and NaN K/V in
@@ -76,13 +90,21 @@ class KVCache:
         end = self.length + t_new
         if end > self.max_len:
             raise RuntimeError(f"KV cache overflow: {end} slots needed, {self.max_len} allocated")
-        self.k[layer, :, :, self.length : end] = k_new
-        self.v[layer, :, :, self.length : end] = v_new
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        slots = torch.arange(self.length, end, device=self.device)  # (T,)
+        self.k[layer].index_copy_(2, slots, k_new)
+        self.v[layer].index_copy_(2, slots, v_new)
+        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
 
     def advance(self, t_new: int) -> None:
         """Mark `t_new` more slots filled. The model calls this once per forward, after the last layer."""
         self.length += t_new
+
+    def rewind(self, length: int) -> None:
+        """Keep only the first `length` slots (speculative decoding drops the K/V of rejected tokens this way:
+        the slots after them are simply overwritten by the next writes)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot rewind a cache of {self.length} slots to {length}")
+        self.length = length
 
     def reset(self) -> None:
         """Empty the cache (for a re-prefill) without reallocating it."""

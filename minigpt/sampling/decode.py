@@ -12,17 +12,20 @@ right-aligned and `cache.set_padding` tells the model to give it positions 0, 1,
 mask the padding, so each row sees exactly what it would see alone.
 
 When a sequence outgrows the model's context, the cache is rebuilt from the most recent tokens
-(see `window.py` for the rule). If any row needs a rebuild, the whole batch is re-prefilled,
+(see `sequences.py` for the rule). If any row needs a rebuild, the whole batch is re-prefilled,
 each row from its own window; for the other rows that window is just their current context.
 
 A step costs one host sync: the sampled tokens come back as a Python list for the stop checks.
 The model must be in eval mode (dropout off) for the tokens to be reproducible.
+
+The decode forward itself is a `DecodeFn`: by default the model called eagerly; the generate command can
+pass a compiled one (`generation/step.py`), which must give the same logits.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -43,16 +46,24 @@ from minigpt.sampling.sequences import (
 # Token id written into the padding slots: any valid id works, the mask hides it.
 PAD_ID = 0
 
+# One decode forward: the newest tokens (B, T) on top of the cache -> their logits (B, T, V). T is 1 here;
+# speculative decoding verifies several drafted tokens at once (generation/speculative.py).
+DecodeFn = Callable[[torch.Tensor, KVCache], torch.Tensor]
+
+
+def eager_step(model: torch.nn.Module) -> DecodeFn:
+    """The plain decode forward of `model`, called op by op."""
+    return lambda tokens, cache: model(tokens, kv_cache=cache)[0]
+
 
 def prefill_windows(model: torch.nn.Module, cache: KVCache, windows: list[list[int]]) -> torch.Tensor:
     """Reset `cache` and fill it with the left-padded `windows`; return the last logits (B, V)."""
     t = max(len(w) for w in windows)
-    device = cache.k.device
     idx = torch.tensor([[PAD_ID] * (t - len(w)) + w for w in windows], dtype=torch.long)  # (B, T)
     pad = torch.tensor([t - len(w) for w in windows], dtype=torch.long)  # (B,)
     cache.reset()
     cache.set_padding(pad)
-    logits, _ = model(idx.to(device), kv_cache=cache, last_only=True)  # (B, 1, V)
+    logits, _ = model(idx.to(cache.device), kv_cache=cache, last_only=True)  # (B, 1, V)
     return logits[:, -1]
 
 
@@ -68,12 +79,15 @@ def stream_tokens(
     stop_fn: StopFn | None = None,
     keep: int | None = None,
     stats: GenerationStats | None = None,
+    step: DecodeFn | None = None,
 ) -> Iterator[Step]:
     """Generate up to `max_new_tokens` per row with the KV cache, yielding after every step.
 
     prompts: B lists of token ids (each non-empty). Ends early once every row has stopped.
-    keep: tokens kept when the window is rebuilt (default block_size // 2, see `window.py`).
+    keep: tokens kept when the window is rebuilt (default block_size // 2, see `sequences.py`).
+    step: the decode forward (default `eager_step(model)`); prefills always run eagerly.
     """
+    step = eager_step(model) if step is None else step
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep
     rows = Rows(prompts, stop_ids, stop_fn)
@@ -88,23 +102,23 @@ def stream_tokens(
     start = time.perf_counter()
     widths = [window_length(len(s), block_size, keep) for s in rows.seqs]
     logits = prefill_windows(model, cache, [s[len(s) - w :] for s, w in zip(rows.seqs, widths, strict=True)])
-    for step in range(max_new_tokens):
+    for i in range(max_new_tokens):
         tokens = sample(logits, params, generator)  # (B,)
         emitted = rows.record(tokens.tolist())  # the step's one host sync
         stats.new_tokens += sum(t is not None for t in emitted)
         elapsed = time.perf_counter() - start
-        if step == 0:
+        if i == 0:
             stats.prefill_s += elapsed
         else:
             stats.decode_s += elapsed
         yield Step(emitted, list(rows.done), logits)
-        if rows.all_done or step == max_new_tokens - 1:
+        if rows.all_done or i == max_new_tokens - 1:
             return
         start = time.perf_counter()
         stats.decode_steps += 1
         new_widths = [window_length(len(s), block_size, keep) for s in rows.seqs]
         if all(nw == w + 1 for nw, w in zip(new_widths, widths, strict=True)):
-            logits = model(tokens.view(-1, 1), kv_cache=cache, last_only=True)[0][:, -1]  # (B, V)
+            logits = step(tokens.view(-1, 1), cache)[:, -1]  # (B, V)
         else:  # some row's window is full: rebuild every row from its own window
             stats.reprefills += 1
             windows = [s[len(s) - w :] for s, w in zip(rows.seqs, new_widths, strict=True)]
@@ -124,16 +138,20 @@ def generate(
     keep: int | None = None,
     use_cache: bool = True,
     keep_logits: bool = False,
+    step: DecodeFn | None = None,
 ) -> GenerationResult:
     """Run `stream_tokens` (or, with use_cache=False, the naive reference) to the end and collect rows."""
     stats = GenerationStats()
-    run = stream_tokens if use_cache else naive_stream_tokens
     out: list[list[int]] = [[] for _ in prompts]
     logits: list[torch.Tensor] = []
-    steps = run(
-        model, prompts, max_new_tokens=max_new_tokens, params=params, generator=generator,
-        stop_ids=stop_ids, stop_fn=stop_fn, keep=keep, stats=stats,
-    )  # fmt: skip
+    kwargs = dict(max_new_tokens=max_new_tokens, params=params, generator=generator, stop_ids=stop_ids,
+                  stop_fn=stop_fn, keep=keep, stats=stats)
+    if use_cache:
+        steps = stream_tokens(model, prompts, step=step, **kwargs)
+    elif step is not None:
+        raise ValueError("the naive reference has no cache to decode on; pass step=None with use_cache=False")
+    else:
+        steps = naive_stream_tokens(model, prompts, **kwargs)
     for step in steps:
         for b, t in enumerate(step.emitted):
             if t is not None:
@@ -158,8 +176,10 @@ def sample_text(
     device = next(model.parameters()).device
     gen = torch.Generator(device=device).manual_seed(seed)
     try:
-        result = generate(model, [ids], max_new_tokens=max_new_tokens, params=SamplingParams(temperature),
-                          generator=gen, stop_ids=[tokenizer.eot_id])  # the end of a document ends it
+        # the tokenizer's vocabulary: a model's may be padded past it, and those ids decode to nothing
+        params = SamplingParams(temperature, vocab_size=tokenizer.vocab_size)
+        result = generate(model, [ids], max_new_tokens=max_new_tokens, params=params, generator=gen,
+                          stop_ids=[tokenizer.eot_id])  # the end of a document ends it
     finally:
         model.train(was_training)
     return prompt + tokenizer.decode(result.tokens[0])

@@ -1,6 +1,6 @@
 """The deliberately simple reference generator: no cache, no padding, no batching tricks.
 
-Every step, every row's current window (the same rule as the cached generator, `window.py`) is
+Every step, every row's current window (the same rule as the cached generator, `sequences.py`) is
 run through the full model on its own, and the last position's logits are stacked into a batch.
 It is O(T^2) per token and exists to be obviously right: tests check that the KV-cached
 generator produces the same logits and tokens, and `kv_cache=false` in generate.yaml runs it.
@@ -34,7 +34,7 @@ def naive_stream_tokens(
     keep: int | None = None,
     stats: GenerationStats | None = None,
 ) -> Iterator[Step]:
-    """Same interface and outputs as `generate.stream_tokens`, recomputing everything every step."""
+    """Same interface and outputs as `decode.stream_tokens`, recomputing everything every step."""
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep
     rows = Rows(prompts, stop_ids, stop_fn)

@@ -82,14 +82,19 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
         logits = logits[:, : params.vocab_size]  # (B, V')
     if params.greedy:
         return logits.argmax(dim=-1)
-    probs = torch.softmax(filtered_logits(logits, params), dim=-1)  # (B, V)
-    cdf = torch.cumsum(probs, dim=-1)  # (B, V)
+    return draw(torch.softmax(filtered_logits(logits, params), dim=-1), u)  # (B,)
+
+
+def draw(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF draw: weights (B, V) >= 0, not necessarily normalised, and uniforms u (B, 1) in [0, 1) ->
+    token ids (B,), token i with probability weights[i] / sum(weights). A zero-weight token is never drawn."""
+    cdf = torch.cumsum(weights, dim=-1)  # (B, V)
     # The first token whose CDF exceeds u * total; scaling by the total absorbs rounding in the sum.
-    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=logits.shape[-1] - 1)  # (B, 1)
+    idx = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=weights.shape[-1] - 1)  # (B, 1)
     # u * total can round up to the total itself (u just below 1), which would land past the last
-    # token with mass; fall back to the argmax then, so a filtered token is never returned.
-    ok = probs.gather(-1, idx) > 0  # (B, 1)
-    return torch.where(ok, idx, probs.argmax(dim=-1, keepdim=True)).squeeze(1)
+    # token with mass; fall back to the argmax then, so a zero-weight token is never returned.
+    ok = weights.gather(-1, idx) > 0  # (B, 1)
+    return torch.where(ok, idx, weights.argmax(dim=-1, keepdim=True)).squeeze(1)
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:

@@ -144,18 +144,29 @@ class GenerationStats:
     new_tokens: int = 0  # emitted tokens, summed over rows (stop tokens excluded)
     prefill_s: float = 0.0  # the first forward and the first sampled token
     decode_s: float = 0.0  # everything after it, rebuilds included
-    decode_steps: int = 0  # decode forwards (rebuilds count as one)
+    decode_steps: int = 0  # tokens per row decoded after the first (one forward each, without a draft)
     reprefills: int = 0  # cache rebuilds after the window filled up
+    drafted: int = 0  # speculative decoding: tokens the draft proposed
+    accepted: int = 0  # ... and the model accepted
+    rounds: int = 0  # ... in this many forwards of the model, each emitting accepted + 1 tokens
 
     @property
     def decode_tokens_per_s(self) -> float:
         return self.decode_steps * self.batch_size / self.decode_s if self.decode_s > 0 else 0.0
 
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
     def summary(self) -> str:
+        speculative = ""
+        if self.rounds:
+            speculative = (f" | drafts accepted: {self.acceptance_rate:.0%} of {self.drafted}, "
+                           f"{(self.accepted + self.rounds) / self.rounds:.2f} tokens per forward")
         return (
             f"prompt tokens: {self.prompt_tokens} | new tokens: {self.new_tokens} | "
             f"prefill: {self.prefill_s * 1e3:.1f} ms | decode: {self.decode_tokens_per_s:.1f} tokens/s"
-            + (f" | window rebuilds: {self.reprefills}" if self.reprefills else "")
+            + (f" | window rebuilds: {self.reprefills}" if self.reprefills else "") + speculative
         )
 
 

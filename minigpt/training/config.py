@@ -96,6 +96,9 @@ class TrainerConfig:
     # optimizer state sharded across ranks). Ignored by a single process.
     strategy: str = "ddp"
     on_nonfinite: str = "stop"  # a NaN/inf loss: stop (keeping the last good checkpoint) | skip (that update)
+    # Stop when a loss exceeds this many times the run's best and a uniform guess (ln V) too: a diverging run
+    # (training/step.py DivergenceGuard); null: only NaN/inf stop it.
+    divergence_ratio: float | None = 10.0
 
     @property
     def eval_budget(self) -> int | None:
@@ -135,6 +138,9 @@ class TrainerConfig:
         if self.on_nonfinite not in NONFINITE_POLICIES:
             raise UserError(f"trainer.on_nonfinite={self.on_nonfinite!r} is not one of: "
                             f"{', '.join(NONFINITE_POLICIES)}")
+        if self.divergence_ratio is not None and not self.divergence_ratio > 1:
+            raise UserError(f"trainer.divergence_ratio={self.divergence_ratio} must be above 1 (or null: "
+                            "stop only on NaN/inf)")
         if self.tokens_per_step is not None and self.tokens_per_step < 1:
             raise UserError(f"trainer.tokens_per_step={self.tokens_per_step} must be at least 1 (or null)")
 

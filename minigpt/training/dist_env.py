@@ -47,6 +47,9 @@ class DistEnv:
     world_size: int = 1
     nodes: int = 1
     launcher: str = "python"  # python (one process) | torchrun | submitit_local | slurm
+    # The scheduler's job this process belongs to (SLURM's, or submitit's local one), whatever started the
+    # process inside it: the same after the job is requeued, so a requeued job finds its own checkpoint.
+    job_id: str | None = None
 
     @property
     def is_main(self) -> bool:
@@ -62,12 +65,12 @@ class DistEnv:
         """Read what the launcher set; a plain `python scripts/train.py` (none of it set) is one process."""
         launcher = launcher_of(environ)
         if launcher == "python":
-            return cls()
+            return cls(job_id=job_id_of(environ))
         names = RANK_VARIABLES[launcher]
         rank, local_rank, world_size = (_integer(environ, n, "1" if i == 2 else "0", launcher)
                                         for i, n in enumerate(names))
         env = cls(rank=rank, local_rank=local_rank, world_size=world_size, launcher=launcher,
-                  nodes=_node_count(environ, launcher, world_size))
+                  nodes=_node_count(environ, launcher, world_size), job_id=job_id_of(environ))
         if world_size < 1 or not 0 <= rank < world_size or local_rank < 0:
             raise UserError(f"inconsistent {launcher} environment {names[0]}={rank} {names[1]}={local_rank} "
                             f"{names[2]}={world_size} (launch with torchrun --nproc_per_node=N, or srun)")
@@ -83,6 +86,16 @@ def launcher_of(environ: Mapping[str, str]) -> str:
     if "SLURM_STEP_ID" in environ and "SLURM_PROCID" in environ:
         return "slurm"
     return "python"
+
+
+def job_id_of(environ: Mapping[str, str]) -> str | None:
+    """The job's id as submitit names it: `<array job>_<task>` in a SLURM job array (what a Hydra sweep
+    submits), else SLURM's job id, or submitit's local job's; None outside a job."""
+    if environ.get("SUBMITIT_EXECUTOR") == "local" and "SUBMITIT_LOCAL_JOB_ID" in environ:
+        return environ["SUBMITIT_LOCAL_JOB_ID"]
+    if "SLURM_ARRAY_JOB_ID" in environ and "SLURM_ARRAY_TASK_ID" in environ:
+        return f"{environ['SLURM_ARRAY_JOB_ID']}_{environ['SLURM_ARRAY_TASK_ID']}"
+    return environ.get("SLURM_JOB_ID")
 
 
 def rendezvous_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from minigpt.errors import UserError
+from minigpt.training import peers
 from minigpt.training.config import STRATEGIES
 from minigpt.training.dist_env import DistEnv
 
@@ -62,6 +63,7 @@ def init_process_group(env: DistEnv) -> None:
         backend, device_id = "gloo", None
     dist.init_process_group(backend=backend, rank=env.rank, world_size=env.world_size,
                             timeout=COLLECTIVE_TIMEOUT, device_id=device_id)
+    peers.meet(env)  # every rank's host and PID, for naming the one that dies (peers.py)
     log.info("process group: rank %d of %d (%s)", env.rank, env.world_size, backend)
 
 
@@ -79,6 +81,7 @@ def process_group(env: DistEnv) -> Iterator[DistEnv]:
         yield env
     finally:
         destroy_process_group()
+        peers.wait_until_read(env)  # after a failure of its own: until the others have read why
 
 
 def barrier(env: DistEnv) -> None:
@@ -121,7 +124,7 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
 def max_over_ranks(values: list[float], env: DistEnv) -> list[float]:
     """The element-wise maximum of `values` over ranks (one small CPU all-reduce, gloo: no device sync).
 
-    The trainer packs each step's joint decisions into it: a stop flag (1.0 on the rank that got a signal)
+    The trainer packs each step's joint decisions into it: the number of a stop signal (0 where none came)
     and rank 0's training clock (the others send -inf), so every rank stops at the same step and sets the same
     lr for the next one. A collective: every rank calls it at the same point of the loop.
     """
@@ -132,12 +135,13 @@ def max_over_ranks(values: list[float], env: DistEnv) -> list[float]:
     return t.tolist()
 
 
-def agree_on_stop(stop_requested: bool, seconds: float, env: DistEnv) -> tuple[bool, float]:
-    """After each step, in one tiny CPU all-reduce: whether any rank got a stop signal, and rank 0's training
-    clock `seconds` (the other ranks send -inf). Every rank then ends the run at the same step and sets the
-    same lr for the next one (an lr from each rank's own clock would let the replicas drift apart)."""
-    flag, seconds = max_over_ranks([float(stop_requested), seconds if env.is_main else -math.inf], env)
-    return flag > 0, seconds
+def agree_on_stop(stop_signal: int | None, seconds: float, env: DistEnv) -> tuple[int | None, float]:
+    """After each step, in one tiny CPU all-reduce: the stop signal any rank got (its number; the highest if
+    several), and rank 0's training clock `seconds` (the other ranks send -inf). Every rank then ends the run
+    at the same step, for the same signal, and sets the same lr for the next one (an lr from each rank's own
+    clock would let the replicas drift apart)."""
+    signum, seconds = max_over_ranks([float(stop_signal or 0), seconds if env.is_main else -math.inf], env)
+    return (int(signum) or None), seconds
 
 
 def sum_over_ranks(values: list[float], env: DistEnv) -> list[float]:
@@ -243,6 +247,13 @@ def load_optimizer_state_dict(
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's own part of a tensor: an FSDP parameter's shard (no communication), else the tensor."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def local_value(t: torch.Tensor) -> torch.Tensor:

@@ -28,17 +28,27 @@ not, which would otherwise resume rank 0 and start the others from scratch.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import shlex
+import signal
 import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError, exit_with_error, unwritable_path_message
+from minigpt import signals
+from minigpt.errors import (
+    USER_ERROR_EXIT_CODE,
+    AlreadyReported,
+    UserError,
+    exit_with_error,
+    shell_override,
+    unwritable_path_message,
+)
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv, rendezvous_defaults
 
@@ -58,8 +68,9 @@ class JobFailed(Exception):
 class Launch:
     """This process's part in a (possibly distributed) training command."""
 
-    def __init__(self, env: DistEnv) -> None:
+    def __init__(self, env: DistEnv, in_job: bool = False) -> None:
         self.env = env
+        self.in_job = in_job  # a launcher's job (submitit): its failures become JobFailed (rank0_task)
         self._shared = False  # rank 0 broadcasts exactly once, a job or None
 
     @classmethod
@@ -82,7 +93,7 @@ class Launch:
         if self.env.enabled and {"-m", "--multirun"} & set(argv):  # every rank sees the same argv
             if not self.env.is_main:
                 # rank 0 says why and fails the job; a failing exit here could make torchrun stop
-                # rank 0 before it has printed (a race the suite once lost)
+                # rank 0 before it has printed its message
                 sys.exit(0)
             exit_with_error(f"a Hydra multirun (-m) cannot run under {self.env.launcher}; start the sweep "
                             "with plain `python scripts/train.py -m ...` (hydra/launcher=slurm gives each "
@@ -90,7 +101,9 @@ class Launch:
         _RUNNING.append(self)
         try:
             if not self.env.enabled:
-                return rank0_main()
+                sweep = {"-m", "--multirun"} & set(argv)
+                with _without_hydra_job_reports() if sweep else contextlib.nullcontext():
+                    return rank0_main()
             from minigpt.training.distributed import process_group
 
             if not self.env.is_main:
@@ -103,9 +116,11 @@ class Launch:
                     return rank0_main()
                 finally:
                     self.share(None)  # if rank 0 stopped before training, release the waiting ranks
-        except KeyboardInterrupt:  # Ctrl-C before the training loop began (it handles its own)
-            print("interrupted before training started; nothing was written to checkpoints", file=sys.stderr)
-            sys.exit(130)
+        except KeyboardInterrupt as e:  # a stop signal before the training loop (which handles its own)
+            interrupted = e if isinstance(e, signals.Interrupted) else signals.Interrupted(signal.SIGINT)
+            if self.env.is_main:  # every rank got it (torchrun forwards it): one line is enough
+                print(interrupted.message(), file=sys.stderr)
+            sys.exit(interrupted.exit_code)
         except JobFailed as e:  # this process launched a sweep, and a job of it failed
             exit_with_error(f"a sweep job failed: {e}; the other jobs ran to their end")
         finally:
@@ -114,6 +129,7 @@ class Launch:
     def run_process(self, rank0_main: Callable[[], object], argv: Sequence[str] = ()) -> None:
         """`run` as the whole life of this process (scripts/train.py's `__main__`, started by python, torchrun
         or srun). A rank of a distributed run then ends with `leave_process` instead of Python's shutdown."""
+        signals.install_policy()
         if not self.env.enabled:
             self.run(rank0_main, argv)
             return
@@ -149,9 +165,33 @@ class Launch:
         if not self._folder_visible_everywhere(job[1]):
             sys.exit(USER_ERROR_EXIT_CODE)  # this rank, and rank 0, have said why
         try:
-            train(job[0], job[1], env=self.env)
+            result = train(job[0], job[1], env=self.env)
+        except AlreadyReported:
+            sys.exit(USER_ERROR_EXIT_CODE)
         except UserError as e:
             exit_with_error(f"[rank {self.env.rank}] {e}")
+        if result.stop_signal is not None:
+            self.after_stop(result.stop_signal, "")
+
+    def after_stop(self, signum: int, stopped: str) -> None:
+        """The run stopped for `signum`, its checkpoint written (`stopped` says so): give the signal back to
+        whoever owned it before training took it (submitit's handler checkpoints the job's callable, requeues
+        the job and ends this process), else end with 128+N; in a launcher's job, rank 0's stop is the
+        job's failure, which the sweep reports in one line."""
+        signals.ignore_until_exit()
+        if self.env.enabled:  # the ranks leave together: one that exits first makes torchrun stop the others
+            from minigpt.training.distributed import barrier
+
+            with contextlib.suppress(Exception):  # a rank lost meanwhile: nothing left to wait for
+                barrier(self.env)
+        try:
+            signals.resend(signum)
+        except Exception as e:  # e.g. submitit's "Job not requeued because: timed-out too many times"
+            raise UserError(f"{stopped}; the launcher's handler of {signals.signal_name(signum)} then "
+                            f"failed: {_first_line(e)}") from None
+        if self.in_job and self.env.is_main:
+            raise UserError(stopped)
+        sys.exit(signals.exit_code(signum))
 
     def _folder_visible_everywhere(self, out_dir: Path) -> bool:
         """Every rank looks for rank 0's freshly made run folder; all learn whether each one found it."""
@@ -164,10 +204,38 @@ class Launch:
         return not any_rank(not visible, self.env)
 
     def resume_command(self, out_dir: Path, overrides: Sequence[str]) -> str:
-        """The command that continues this run: the same launcher and overrides, plus resume=auto."""
+        """The command that continues this run, ready to paste: the same launcher and overrides (as Hydra
+        received them, quoted for the shell), plus resume=auto and the run folder (quoted for Hydra too: a
+        space or a non-ASCII letter in it is Hydra syntax otherwise)."""
         kept = [a for a in overrides if not a.startswith(("trainer.resume=", "hydra.run.dir="))]
-        args = [*kept, "trainer.resume=auto", f"hydra.run.dir={out_dir}"]
-        return " ".join([launcher_command(self.env), *map(shlex.quote, args)])
+        args = [*map(shlex.quote, kept), "trainer.resume=auto", shell_override("hydra.run.dir", str(out_dir))]
+        return " ".join([launcher_command(self.env), *args])
+
+
+class _WithoutHydraJobReports:
+    """stderr while this process launches a sweep: Hydra writes `Error executing job with overrides: [...]`
+    for a failed job before it raises the job's error, and `run` prints that error as the sweep's one line,
+    which names the job's log (JobFailed). Every other write passes."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if text.startswith("Error executing job with overrides:"):
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _without_hydra_job_reports():
+    saved, sys.stderr = sys.stderr, _WithoutHydraJobReports(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stderr = saved
 
 
 def _leave_the_logs_to_rank0() -> None:
@@ -233,12 +301,18 @@ class rank0_task:  # noqa: N801 - used as a decorator, named like one
         if _RUNNING:
             return self.task(cfg)
         try:
-            return Launch.from_environ().run(lambda: self.task(cfg))
+            launch = Launch.from_environ()
+            launch.in_job = True
+            return launch.run(lambda: self.task(cfg))
         except (UserError, OSError) as e:
             message = unwritable_path_message(e) if isinstance(e, OSError) else str(e)
             print(f"error: {message}", file=sys.stderr)  # the one line in this job's own log
             log.error("%s", message)  # and in the job folder's log file (the console's copy goes to stdout)
             raise JobFailed(f"{message} (its log: {_job_log() or 'stderr of the job'})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _job_log() -> str | None:

@@ -7,10 +7,16 @@ The loader draws its batches from a generator of its own (data/loader.py, also p
 during training uses its own seeded generator (sampling/decode.py), so neither touches these.
 
 **Resume.** `trainer.resume`:
-    null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite)
+    null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite),
+                  unless that checkpoint was written by this very job before it was requeued (a SLURM or
+                  submitit job keeps its job id when requeued): then as `auto`
     auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
     <path>        a checkpoint folder or run folder, continued in this (new) run folder
                   (a checkpoint without optimizer state, like an imported one, is for trainer.init_from)
+
+The resumed run must be the same run: same model, tokenizer and data (same_run.py refuses anything else,
+naming each differing key); a changed course (lr, schedule horizon, batch) is allowed with one warning line
+per key. A checkpoint whose weights are not finite (written by a run that diverged) is refused here.
 
 Resuming restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG state,
 the data stream's position, and the step, training time and tokens the lr schedule is a function of), so 10
@@ -137,21 +143,26 @@ def _as_tuple(x: Any) -> Any:
 # ----------------------------------------------------------------------------------------------------- resume
 
 
-def resume_source(cfg: TrainConfig, out_dir: Path) -> Path | None:
+def resume_source(cfg: TrainConfig, out_dir: Path, env: DistEnv | None = None) -> Path | None:
     """The checkpoint to resume from, or None; refuses to overwrite an existing run's checkpoint.
 
     Called before any work, so a bad path fails at once.
     """
     resume = cfg.trainer.resume
     folder = out_dir / "checkpoints"
+    has_checkpoint = any((folder / name / ckpt.META).is_file() for name in ("last", ".last.old"))
+    if resume is None and has_checkpoint and env is not None and env.job_id is not None:
+        latest = resolve_checkpoint(out_dir)
+        if ckpt.read_meta(latest).get("job_id") == env.job_id:
+            log.info("job %s was requeued: continuing its own checkpoint %s (as trainer.resume=auto)",
+                     env.job_id, latest)
+            return latest
     if resume == "auto":
-        if any((folder / name / ckpt.META).is_file() for name in ("last", ".last.old")):
-            return resolve_checkpoint(out_dir)
-        return None
+        return resolve_checkpoint(out_dir) if has_checkpoint else None
     if resume is not None:
         path = resolve_checkpoint(resume)
         # memory-mapped: only the keys are read here, the tensors when the run loads them
-        if "optimizer" not in ckpt.load_state(path, mmap=True):  # e.g. scripts/import_gpt2.py's checkpoints
+        if "optimizer" not in ckpt.load_state(path, mmap=True):  # e.g. scripts/import_hf.py's checkpoints
             raise UserError(f"checkpoint {path} holds no optimizer state, so there is no run to resume; "
                             f"fine-tune from it instead: trainer.init_from={path} (and no trainer.resume)")
         return path
@@ -195,6 +206,11 @@ def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: D
                         f"whole trainer.max_tokens_per_param={tc.max_tokens_per_param:g}; raise it to "
                         "continue training")
     ckpt.load_weights(model, path)
+    if not all(bool(torch.isfinite(p).all()) for p in model.state_dict().values()):
+        best = path.parent / "best"
+        other = f"resume from {best} instead" if (best / META).is_file() and best != path else "start again"
+        raise UserError(f"checkpoint {path} holds non-finite weights (NaN or inf): it was written after its "
+                        f"run diverged, and every step from it would be NaN; {other}, with a lower optim.lr")
     return ckpt.load_state(path)
 
 
@@ -277,7 +293,7 @@ class InitFrom:
             return build_tokenizer(TokenizerConfig(kind="gpt2"))
         except UserError as e:  # offline without tiktoken's cached gpt2 file
             raise UserError(f"{e}; or import the folder with a tokenizer you have first (scripts/"
-                            f"import_gpt2.py {self.path} CHECKPOINT --tokenizer DIR) and set "
+                            f"import_hf.py source={self.path} out=CHECKPOINT tokenizer_dir=DIR) and set "
                             "trainer.init_from=CHECKPOINT") from None
 
     def load_weights(self, model: GPT) -> None:

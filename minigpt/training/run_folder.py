@@ -113,6 +113,12 @@ class RunFolder:
         if self.enabled:
             self._lock.check()
 
+    def log_to_file(self, text: str) -> None:
+        """Write `text` into the run's log files only (not the console): a traceback for the record."""
+        record = logging.LogRecord("minigpt.training", logging.ERROR, __file__, 0, "%s", (text,), None)
+        for handler in self._log_handlers():
+            handler.handle(record)
+
     def _log_handlers(self) -> list[logging.FileHandler]:
         folder = self.path.resolve()
         return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)

@@ -1,4 +1,5 @@
-"""One training step, split in its two halves: accumulate gradients, then update the weights.
+"""One training step, split in its two halves: accumulate gradients, then update the weights; and the guard
+that stops a diverging run before it writes a checkpoint.
 
 Neither half reads a value back from the device: the loss and the gradient norm are returned as tensors,
 so a step can be queued entirely on a GPU while the host prepares the next one.
@@ -71,46 +72,117 @@ def optimizer_step(
     return grad_norm
 
 
-class NonFiniteLossError(UserError):
-    """The loss became NaN or infinite: a diverging run (too high a learning rate, too short a warmup)."""
+class DivergenceError(UserError):
+    """The loss became NaN, infinite, or exploded: a diverging run (too high a learning rate, too short a
+    warmup). Raised before anything diverged is written."""
 
 
-class NonFiniteGuard:
-    """Watches the loss for NaN/inf, per `trainer.on_nonfinite`.
+class DivergenceGuard:
+    """Watches every loss the run computes and stops the run before a diverged model is saved.
 
-    stop (default): remember, on the device, the first step whose loss was not finite -- no host sync on the
-        hot path -- and raise in `check`, which the trainer calls at log intervals and before every
-        checkpoint, so a diverged model never overwrites a good checkpoint.
-    skip: read the loss every step (one host sync per step, the price of deciding before the update) and
-        skip the update of a step whose loss is not finite on any rank.
+    A loss has diverged when it is not finite, or when it is above both `ratio` times the best (lowest) loss
+    of its kind so far and ln V, the loss of a uniform guess over the tokenizer's V tokens:
+
+        diverged(loss) = not finite(loss)  or  loss > max(ratio * best, ln V)
+
+    A healthy run's loss moves by tens of percent from step to step and does not climb back by a factor of
+    ten, while a diverging one jumps by orders of magnitude within a few steps (docs/faults.md has both). The
+    ln V floor keeps a run whose loss is near zero (a model that can copy, as in the no-causal-mask ablation)
+    from being stopped by a jump from 0.01 to 0.2: only a loss worse than knowing nothing counts. Training
+    losses are compared with the best training loss since this process started training (a resumed run
+    starts from its checkpoint's best validation loss), validation losses with the best validation loss.
+
+    policy stop (default): remember, on the device, the first step whose loss diverged -- no host sync on
+        the hot path -- and raise in `check`, which the trainer calls at log intervals and before every
+        checkpoint.
+    policy skip: read the loss every step (one host sync per step, the price of deciding before the
+        update) and skip the update of a step whose loss is not finite on any rank; one that explodes
+        still stops the run.
+
+    Before a checkpoint is written, `check_weights` makes sure its weights are finite and give a loss that has
+    not diverged on the latest batch (the loss the next step would see): `last` and `best` always hold a
+    model that can train on.
     """
 
-    def __init__(self, policy: str, device: torch.device) -> None:
-        self.policy, self.skipped = policy, 0
+    def __init__(self, policy: str, ratio: float | None, vocab_size: int, device: torch.device,
+                 best: float = math.inf) -> None:
+        self.policy, self.ratio, self.skipped = policy, ratio, 0
+        self.floor = math.log(vocab_size)
         self.first_bad_step = torch.zeros((), dtype=torch.long, device=device)  # 0: none (steps count from 1)
+        self.bad_loss = torch.zeros((), device=device)
+        self.best = torch.full((), best, device=device)  # the lowest finite training loss so far
+
+    def diverged(self, loss: torch.Tensor, best: torch.Tensor | float) -> torch.Tensor:
+        """The rule of the class docstring, as a boolean tensor (on the loss' device)."""
+        bad = ~torch.isfinite(loss)
+        if self.ratio is not None:
+            limit = torch.clamp(torch.as_tensor(best, device=loss.device) * self.ratio, min=self.floor)
+            bad = bad | (loss > limit)
+        return bad
 
     def should_skip(self, loss: torch.Tensor, step: int, env: DistEnv) -> bool:
         """Called after the backward pass of step `step` (1-based), before its update."""
-        bad = ~torch.isfinite(loss)
+        loss = loss.detach().float()
+        skip = self.policy == "skip" and distributed.any_rank(not bool(torch.isfinite(loss)), env)
+        bad = self.diverged(loss, self.best)
         if self.policy == "skip":
-            if not distributed.any_rank(bool(bad), env):
-                return False
+            bad = bad & torch.isfinite(loss)  # skipped below, not fatal
+        first = bad & (self.first_bad_step == 0)
+        self.first_bad_step = torch.where(first, step, self.first_bad_step)
+        self.bad_loss = torch.where(first, loss, self.bad_loss)
+        self.best = torch.where(torch.isfinite(loss), torch.minimum(self.best, loss), self.best)
+        if skip:
             self.skipped += 1
             log.warning("step %d: the loss is not finite on at least one rank; update skipped "
                         "(trainer.on_nonfinite=skip, %d skipped so far)", step, self.skipped)
-            return True
-        self.first_bad_step = torch.where(bad & (self.first_bad_step == 0), step, self.first_bad_step)
-        return False
+        return skip
 
     def check(self, env: DistEnv, on_disk: Callable[[], str]) -> None:
-        """Raise NonFiniteLossError if a step's loss was not finite (policy stop); `on_disk()` tells what is
-        saved."""
-        if self.policy != "stop":
-            return
+        """Raise DivergenceError on every rank if a training loss diverged on any; `on_disk()` tells what to
+        resume from."""
         step = distributed.min_positive_over_ranks(int(self.first_bad_step.item()), env)
         if step:
-            raise NonFiniteLossError(
-                f"the training loss became non-finite (NaN or inf) at step {step}; stopped, and {on_disk()} "
-                "(lower optim.lr, raise optim.warmup_steps, or set trainer.on_nonfinite=skip to skip such "
-                "steps)"
-            )
+            mine = int(self.first_bad_step) == step
+            loss = self._agreed_loss(float(self.bad_loss) if mine else None, env)
+            raise DivergenceError(self.message("training", step, loss, float(self.best), on_disk()))
+
+    def check_weights(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor] | None,
+                      runtime: Runtime, step: int, env: DistEnv, on_disk: Callable[[], str]) -> None:
+        """Before a checkpoint of step `step`: raise DivergenceError (on every rank) unless the weights are
+        finite and their loss on `batch` (eval mode: no dropout, no RNG drawn) has not diverged. Under FSDP
+        the forward is a collective: every rank calls this."""
+        loss = math.nan
+        finite = all(bool(torch.isfinite(distributed.local_tensor(p)).all()) for p in model.parameters())
+        if finite and batch is not None:
+            was_training = model.training
+            model.eval()
+            with torch.no_grad(), runtime.autocast():
+                _, probe = model(*batch, return_logits=False)
+            model.train(was_training)
+            loss = float(probe)
+        bad = not finite or (batch is not None and bool(self.diverged(torch.tensor(loss), float(self.best))))
+        if distributed.any_rank(bad, env):
+            loss = self._agreed_loss(loss if bad else None, env)
+            raise DivergenceError(self.message("training", step + 1, loss, float(self.best), on_disk()))
+
+    def check_val(self, val_loss: float, best_val: float, step: int, on_disk: Callable[[], str]) -> None:
+        """Raise DivergenceError if a validation loss (the same on every rank) diverged."""
+        if bool(self.diverged(torch.tensor(val_loss), best_val)):
+            raise DivergenceError(self.message("validation", step, val_loss, best_val, on_disk()))
+
+    def message(self, kind: str, step: int, loss: float, best: float, on_disk: str) -> str:
+        if math.isfinite(loss):
+            what = (f"the {kind} loss exploded at step {step} ({loss:.4g}: over {self.ratio:g}x the run's "
+                    f"best, {best:.4g}, and worse than a uniform guess, ln V = {self.floor:.3g})")
+        else:
+            what = f"the {kind} loss became non-finite (NaN or inf) at step {step}"
+        return f"{what}; stopped before writing a checkpoint; {on_disk}"
+
+    @staticmethod
+    def _agreed_loss(mine: float | None, env: DistEnv) -> float:
+        """The diverged loss as the ranks that saw it report it (any non-finite one wins): the same number on
+        every rank, so every rank raises the same message."""
+        nonfinite = mine is not None and not math.isfinite(mine)
+        flag, value = distributed.max_over_ranks(
+            [float(nonfinite), mine if mine is not None and math.isfinite(mine) else -math.inf], env)
+        return math.nan if flag > 0 else value

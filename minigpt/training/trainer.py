@@ -7,13 +7,15 @@ the loss and the gradient norm stay tensors, read (`.item()`, a host sync) only 
 Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs this same loop on its own data
 stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
 `tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
-`best`), so no rank waits for a collective the others never reach. SIGINT/SIGTERM end the run cleanly after
-the current step (`minigpt/signals.py`). The run ends when its budget is used (`budget.py`:
-`trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock, `trainer.max_tokens` tokens,
-`trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`, the first one reached); the lr of each step
-follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where the run starts),
-`budget.py` (also throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one
-update), `reporting.py` (the progress bar or lines, TensorBoard).
+`best`), so no rank waits for a collective the others never reach. A stop signal (SIGINT, SIGTERM, SIGHUP,
+SIGUSR1, SIGUSR2) ends the run after the current step, with a checkpoint (`minigpt/signals.py`); a diverging
+loss ends it before anything diverged is written (`step.DivergenceGuard`). The run ends when its budget is
+used (`budget.py`: `trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock,
+`trainer.max_tokens` tokens, `trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`, the first one
+reached); the lr of each step follows the share of the budget used (`optim.LRSchedule`). Neighbours:
+`resume.py` (where the run starts), `same_run.py` (what a resumed run may change), `budget.py` (also
+throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one update), `reporting.py`
+(the progress bar or lines, TensorBoard), `peers.py` (a rank that dies).
 """
 
 from __future__ import annotations
@@ -33,12 +35,13 @@ from omegaconf import OmegaConf
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.contents import Progress, machine_record, training_meta, training_state
 from minigpt.data.loader import BatchLoader
-from minigpt.data.prepare import GivenTokenizer, prepare_dataset
+from minigpt.data.prepare import GivenTokenizer
 from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.errors import UserError
+from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
-from minigpt.signals import GracefulStop
-from minigpt.training import distributed, resume
+from minigpt.signals import GracefulStop, signal_name
+from minigpt.training import distributed, peers, resume, same_run
 from minigpt.training.budget import Budget, ThroughputMeter, format_count, format_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
@@ -47,7 +50,7 @@ from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.reporting import ProgressDisplay, TensorBoardLogger, is_terminal
 from minigpt.training.resume import fine_tuning, rng_state, seed_everything, seed_rank_stream
 from minigpt.training.run_folder import RunFolder
-from minigpt.training.step import NonFiniteGuard, accumulate_gradients, grad_accum_steps, optimizer_step
+from minigpt.training.step import DivergenceGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +67,13 @@ class TrainResult:
     tokens_per_s: float
     sample: str
     checkpoint: Path
-    interrupted: bool = False  # stopped early by SIGINT/SIGTERM, after writing `checkpoint`
+    interrupted: bool = False  # stopped by a stop signal (minigpt/signals.py), after writing `checkpoint`
     skipped_steps: int = 0  # updates skipped for a non-finite loss (trainer.on_nonfinite=skip)
-    train_seconds: float = 0.0  # training time used, over all sessions of a resumed run
+    train_seconds: float = 0.0  # training time used, summed over a run and its resumptions
     val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
     mfu: float = math.nan  # model FLOPs utilisation per device over the run
-    flops: float = 0.0  # model FLOPs trained (GPT.flops_per_token x tokens_seen), over all sessions
+    flops: float = 0.0  # model FLOPs trained (GPT.flops_per_token x tokens_seen), resumptions included
+    stop_signal: int | None = None  # the signal that stopped it (interrupted), as the ranks agreed on it
 
 
 def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
@@ -82,15 +86,25 @@ def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
     """
     env = env or DistEnv()
     run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
-    refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all ranks stop if it cannot
-    if refusal is not None:
-        raise UserError(refusal)
+    trainer: Trainer | None = None
+    peers.next_train_call()
     try:
+        refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all stop if it cannot
+        if refusal is not None:
+            raise UserError(refusal)
         trainer = Trainer(cfg, run, env=env)  # every other refusal: here, before anything is written
         run.accept()
         if env.is_main:
             ckpt.remove_stale_temporaries(run.path / "checkpoints")  # left by a crash mid-write
         return trainer.fit()
+    except BaseException as e:
+        if not env.enabled:
+            raise
+        if peers.is_peer_failure(e):  # another rank is gone: say which, in one line (peers.py)
+            step = trainer.progress.step if trainer is not None else None
+            raise peers.lost_rank_error(e, env, run.path, step, run.log_to_file) from None
+        peers.report_own_failure(env)  # this rank's own line says why; the others stay quiet
+        raise
     finally:
         run.release()
 
@@ -106,9 +120,11 @@ class Trainer:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = resume.resume_source(cfg, run.path)  # before any work: a bad path fails at once
+        resume_from = resume.resume_source(cfg, run.path, env)  # before any work: a bad path fails at once
         cfg, init = fine_tuning(cfg, resume_from)  # trainer.init_from: the source's model config
+        saved = same_run.check_same_run(resume_from, cfg, env)  # another run: refused; a new course: warned
         self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
+        self.resumed_from, self.resumed_step = resume_from, 0
         # the first log line: device, dtype and why. Rank 0 runs (and caches) the CPU dtype probe first, so
         # the other ranks read its result and every rank chooses alike.
         with distributed.main_process_first(env):
@@ -123,7 +139,7 @@ class Trainer:
         bars = self.is_main and cfg.logging.progress_bar and is_terminal(sys.stderr)
         tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it
-            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir), progress=bars)
+            self.data = same_run.prepare_data(cfg.data, tokenizer, bars, saved, resume_from)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
@@ -156,7 +172,6 @@ class Trainer:
         self.progress = Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
-        self.nonfinite = NonFiniteGuard(tc.on_nonfinite, device)
         self.meter = ThroughputMeter(self.tokens_per_step, flops_per_token,
                                      peak_flops(cfg.device, self.runtime), env.world_size,
                                      self.runtime.synchronize, clock)
@@ -164,10 +179,14 @@ class Trainer:
         self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
         if state is not None:
             self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
+            self.resumed_step = self.progress.step
             log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
                      self.progress.step, f"{self.progress.tokens_seen:,}",
                      format_duration(self.progress.train_seconds))
-        self.seconds_before = self.progress.train_seconds  # used by earlier sessions of this run
+        self.seconds_before = self.progress.train_seconds  # used before this process resumed the run
+        self.guard = DivergenceGuard(tc.on_nonfinite, tc.divergence_ratio, vocab, device,
+                                     best=self.progress.best_val_loss)
+        self.last_batch: tuple[torch.Tensor, torch.Tensor] | None = None  # what `guard.check_weights` scores
         log.info("model: %s parameters (%s without embeddings); %s tokens per step "
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
                  f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
@@ -179,7 +198,7 @@ class Trainer:
 
     def fit(self) -> TrainResult:
         tc, lc, p = self.cfg.trainer, self.cfg.logging, self.progress
-        interrupted, sample = False, ""
+        stop_signal, sample = None, ""
         with GracefulStop() as stop, self.tb:
             self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
             with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step,
@@ -195,57 +214,59 @@ class Trainer:
                     display.step_done()
                     # every rank ends at the same step, with the lr of rank 0's training clock
                     clock = self.seconds_before + self.meter.seconds
-                    stop_requested, p.train_seconds = distributed.agree_on_stop(stop.requested, clock,
-                                                                                self.env)
+                    stop_signal, p.train_seconds = distributed.agree_on_stop(stop.signum, clock, self.env)
                     finished = self.budget.done(p.step, p.train_seconds, p.tokens_seen)
                     if p.step % lc.log_every == 0 or finished:
                         self._log_interval(loss, grad_norm, lr, display)
-                    if stop_requested:
-                        interrupted = True
+                    if stop_signal is not None:
                         break
                     if p.step % tc.ckpt_every == 0 and not finished:
                         with self.meter.paused():
                             self._save("last")
-            if not interrupted:
+            if stop_signal is None:
                 self._evaluate()
             self._save("last")
             tokens_per_s = self.meter.run_tokens_per_s
-            if not interrupted:
+            if stop_signal is None:
                 sample = self.evaluation.sample()
                 self.tb.final(dataclasses.asdict(self.cfg), p.step)
-        if interrupted and self.is_main:
-            log.warning("stopped by %s at step %d; checkpoint written to %s", stop.signal_name, p.step,
-                        self.last_saved)
-        elif not interrupted:
+        if stop_signal is not None and self.is_main:
+            log.warning("stopped by %s at step %d; checkpoint written to %s", signal_name(stop_signal),
+                        p.step, self.last_saved)
+        elif stop_signal is None:
             log.info("done: step %d after %s of training (%s tokens, %s FLOPs), val loss %.4f (best %.4f, "
                      "first %.4f), %.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
                      format_duration(p.train_seconds), f"{p.tokens_seen:,}",
                      format_count(self.budget.flops(p.tokens_seen)), p.val_loss, p.best_val_loss,
                      p.first_val_loss, p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
-                           sample, self.out_dir / "checkpoints" / "last", interrupted, self.nonfinite.skipped,
-                           p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu,
-                           flops=self.budget.flops(p.tokens_seen))
+                           sample, self.out_dir / "checkpoints" / "last", stop_signal is not None,
+                           self.guard.skipped, p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu,
+                           flops=self.budget.flops(p.tokens_seen), stop_signal=stop_signal)
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
         p = self.progress
         lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds, p.tokens_seen)
         self.train_model.train()
-        loss = accumulate_gradients(self.train_model, self.loader.next_batch, self.grad_accum_steps,
+        loss = accumulate_gradients(self.train_model, self._next_batch, self.grad_accum_steps,
                                     self.runtime, self.scaler)
-        if self.nonfinite.should_skip(loss, p.step + 1, self.env):
+        if self.guard.should_skip(loss, p.step + 1, self.env):
             self.optimizer.zero_grad(set_to_none=True)  # the step still counts, as it does for the schedule
             return loss, torch.full((), math.nan), lr
         grad_norm = optimizer_step(self.model, self.optimizer, self.scaler, self.cfg.optim.grad_clip)
         return loss, grad_norm, lr
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        self.last_batch = self.loader.next_batch()
+        return self.last_batch
 
     # ------------------------------------------------------------------------------------------ reporting
 
     def _log_interval(self, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float,
                       display: ProgressDisplay) -> None:
         """Read the device values (the one host sync per interval) and report them."""
-        self.nonfinite.check(self.env, self._on_disk)
+        self.guard.check(self.env, self._on_disk)
         interval = self.meter.interval()
         loss_v, norm_v = loss.item(), distributed.local_value(grad_norm).item()
         p = self.progress
@@ -263,6 +284,7 @@ class Trainer:
         p = self.progress
         with self.meter.paused():
             score = self.evaluation.score()
+            self.guard.check_val(score.loss, p.best_val_loss, p.step, self._on_disk)  # before `best` is saved
             p.val_loss, p.val_bpb = score.loss, score.bpb
             if p.step == 0 or not math.isfinite(p.first_val_loss):
                 p.first_val_loss = p.val_loss
@@ -271,11 +293,12 @@ class Trainer:
                              "progress/flops": self.budget.flops(p.tokens_seen)}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
-            self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (tensorboard.py)
+            self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (reporting.py)
             last = self.budget.last_step(p.step, p.tokens_seen)
             of = "" if last is None else f"/{last}"
-            log.info("step %d%s: val loss %.4f (ppl %.1f, %.4f bits/byte)%s", p.step, of, p.val_loss,
-                     score.perplexity, p.val_bpb, " best" if improved and p.step > 0 else "")
+            best = " best" if improved and p.step > 0 else ""
+            log.info("step %d%s: val loss %.4f (ppl %s, %.4f bits/byte)%s", p.step, of, p.val_loss,
+                     format_perplexity(score.perplexity), p.val_bpb, best)
             if improved and p.step > 0:
                 self._save("best")
             if p.step > 0:
@@ -285,14 +308,28 @@ class Trainer:
                     self.evaluation.attention_images(self.tb.writer, p.step)
 
     def _on_disk(self) -> str:
-        """The end of the non-finite loss message: what is still on disk."""
-        if self.last_saved is None:
-            return "no checkpoint had been written yet"
-        return f"the last checkpoint ({self.last_saved}, step {self.last_saved_step}) is untouched"
+        """The end of a divergence message: the checkpoint to go on from, and how (every checkpoint written
+        passed `guard.check_weights`; one this run resumed from passed `resume.load_for_resume`'s check)."""
+        lower = f"optim.lr={self.cfg.optim.lr / 10:.3g}"
+        if self.last_saved is not None:
+            ckpt, step = self.last_saved, self.last_saved_step
+        elif self.resumed_from is not None:
+            ckpt, step = self.resumed_from, self.resumed_step
+        else:
+            return (f"no checkpoint had been written yet: start again with a lower lr ({lower}, or a longer "
+                    "warmup: optim.warmup_steps)")
+        here = Path(ckpt).is_relative_to(self.out_dir)  # else resumed from another run's, written nothing yet
+        resume_it = "trainer.resume=auto" if here else f"trainer.resume={ckpt}"
+        return (f"the last good checkpoint is {ckpt} (step {step}): continue from it with a lower lr, "
+                f"{resume_it} {lower} (or a longer warmup; trainer.on_nonfinite=skip skips single "
+                "non-finite steps)")
 
     def _save(self, name: str) -> None:
-        """Write checkpoints/<name> (rank 0 writes; under FSDP every rank helps gather the full tensors)."""
-        self.nonfinite.check(self.env, self._on_disk)  # never overwrite a good checkpoint with NaNs
+        """Write checkpoints/<name> (rank 0 writes; under FSDP every rank helps gather the full tensors),
+        unless the run has diverged since the last check."""
+        self.guard.check(self.env, self._on_disk)
+        self.guard.check_weights(self.model, self.last_batch, self.runtime, self.progress.step, self.env,
+                                 self._on_disk)
         model = distributed.whole_model(self.model, self.env)  # None on ranks > 0
         if self.is_main or distributed.is_sharded(self.model):  # a collective under FSDP
             optimizer_state = distributed.optimizer_state_dict(self.model, self.optimizer)
@@ -302,6 +339,8 @@ class Trainer:
             state = training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
             meta = training_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env.world_size,
                                  self.evaluation.describe(), self.machine)
+            if self.env.job_id is not None:  # a requeued job resumes from it by itself (resume.resume_source)
+                meta["job_id"] = self.env.job_id
             self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)

@@ -91,7 +91,9 @@ def test_shard_size_and_workers_change_files_not_tokens(tmp_path: Path) -> None:
     corpus = make_corpus(tmp_path / "corpus")
     tok = TokenizerConfig(kind="bpe", vocab_size=300)
     one = prepare_dataset(text_cfg(corpus), tok, tmp_path / "a", progress=False)
-    cfg = text_cfg(corpus, shard_tokens=333, num_workers=1)
+    # rustbpe's merges, and so the token count (~700 train tokens), can differ between processes: 150 keeps
+    # the train split at 4+ shards for any of them
+    cfg = text_cfg(corpus, shard_tokens=150, num_workers=1)
     many = prepare_dataset(cfg, tok, tmp_path / "b", progress=False)
     assert one.dir.name == many.dir.name  # same fingerprint: neither setting shapes the tokens
     assert [len(one.meta["shards"][s]) for s in ("train", "val")] == [1, 1]

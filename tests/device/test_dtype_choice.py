@@ -19,8 +19,8 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.probe import MatmulProbe, cpu_matmul_probe
 from minigpt.device.runtime import BF16_MIN_SPEEDUP, choose_cpu_dtype, resolve_runtime
 
-NATIVE = MatmulProbe(fp32_flops=205e9, bf16_flops=442e9)  # the Zen 4 machine (avx512_bf16)
-EMULATED = MatmulProbe(fp32_flops=140e9, bf16_flops=0.9e9)  # this project's AVX2 machine
+NATIVE = MatmulProbe(fp32_flops=205e9, bf16_flops=442e9)  # a Zen 4 core with avx512_bf16 (AMD EPYC)
+EMULATED = MatmulProbe(fp32_flops=140e9, bf16_flops=0.9e9)  # an AVX2-only Zen 2 core: bf16 emulated
 
 
 def test_bf16_is_chosen_where_it_is_measured_clearly_faster() -> None:

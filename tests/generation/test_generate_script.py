@@ -48,14 +48,14 @@ def config(*overrides: str) -> GenerateConfig:
 def generate_in_process(*overrides: str) -> tuple[str, str]:
     """What the script does after composing: (stdout, stderr)."""
     cfg = config(*overrides)
-    model, tok, _ = load_for_generation(cfg)
+    loaded = load_for_generation(cfg)
     out, err = io.StringIO(), io.StringIO()
-    run_samples(cfg, model, tok, out, err)
+    run_samples(cfg, loaded, out, err)
     return out.getvalue(), err.getvalue()
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
     return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -91,7 +91,8 @@ def test_cli_bad_input_is_one_line(ckpt: Path, tmp_path: Path):
     "override,match",
     [("temperature=-0.5", "temperature"), ("top_p=0", "top_p"), ("top_p=1.01", "top_p"),
      ("top_k=-3", "top_k"), ("max_new_tokens=-1", "max_new_tokens"), ("num_samples=0", "num_samples"),
-     ("weights_dtype=fp8", "weights_dtype"), ("window_keep_ratio=0", "window_keep_ratio")],
+     ("weights_dtype=fp8", "weights_dtype"), ("window_keep_ratio=0", "window_keep_ratio"),
+     ("num_draft_tokens=0", "num_draft_tokens")],
 )  # fmt: skip
 def test_bad_values_are_user_errors(override: str, match: str):
     with pytest.raises(UserError, match=match) as e:
@@ -139,10 +140,11 @@ def test_empty_prompt_is_unconditional_and_cache_flag_is_honoured(ckpt: Path):
 
 def test_interactive_session_reports_rebuilds_and_survives_typos(ckpt: Path):
     cfg = config(f"checkpoint={ckpt}", "interactive=true", "max_new_tokens=10", "device=cpu", "stop=[]")
-    model, tok, _ = load_for_generation(cfg)
+    loaded = load_for_generation(cfg)
+    tok = loaded.tokenizer
     lines = iter(["abc", "Zzz", "def gh", "ijk", ""])
     out, err = io.StringIO(), io.StringIO()
-    session = run_interactive(cfg, model, tok, lambda: next(lines), out, err)
+    session = run_interactive(cfg, loaded, lambda: next(lines), out, err)
     log = err.getvalue()
     assert "'Z'" in log and "cache rebuilt" in log  # the typo is reported, 3 turns pass block_size 16
     assert session.history[:3] == tok.encode("abc") and len(session.history) > 16
@@ -156,3 +158,60 @@ def test_streamed_output_stops_before_the_stop_string(ckpt: Path):
     want = free[: free.index(stop, 2)]  # everything before their first occurrence after the prompt
     stopped, _ = generate_in_process(*base, f"stop=[{stop!r}]")
     assert stopped.rstrip("\n") == want
+
+
+@pytest.mark.parametrize("override", ["num_samples=2", "kv_cache=false", "interactive=true"])
+def test_a_draft_decodes_one_cached_sample_outside_interactive_mode(override: str):
+    with pytest.raises(UserError, match=override.split("=")[0]) as e:
+        config("draft=some/checkpoint", override)
+    assert "\n" not in str(e.value)
+
+
+def test_int8_weights_are_offered_by_generate_only():
+    assert config("weights_dtype=int8").weights_dtype == "int8"
+    from minigpt.inspect.config import EvaluateConfig
+
+    with pytest.raises(UserError, match="weights_dtype='int8'"):
+        EvaluateConfig(weights_dtype="int8")
+
+
+def test_int8_weights_generate_and_report_their_setup(ckpt: Path, caplog):
+    import logging
+
+    base = (f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=12", "temperature=0", "device=cpu")
+    with caplog.at_level(logging.DEBUG, logger="minigpt.generation.decoder"):
+        loaded = load_for_generation(config(*base, "weights_dtype=int8"))
+    assert "int8 weights" in caplog.text and "activations" in caplog.text
+    from minigpt.model.int8 import Int8Linear
+
+    assert any(isinstance(m, Int8Linear) for m in loaded.decoder.model.modules())
+    out, err = generate_in_process(*base, "weights_dtype=int8")
+    assert out.startswith("ab") and len(out) > 3 and "new tokens: 12" in err
+
+
+def test_a_model_drafting_for_itself_gives_its_own_tokens_all_accepted(ckpt: Path):
+    base = (f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=30", "temperature=0", "device=cpu",
+            "stream=false")
+    plain, _ = generate_in_process(*base)
+    drafted, err = generate_in_process(*base, f"draft={ckpt}", "num_draft_tokens=3")
+    assert drafted == plain and "drafts accepted: 100%" in err and "tokens per forward" in err
+
+
+def test_a_draft_with_another_tokenizer_is_refused(ckpt: Path, tmp_path: Path):
+    tok = CharTokenizer.from_texts(["xyz"])
+    model = build_model(tiny_config(n_layer=1, n_head=2, n_embd=32, block_size=16), vocab_size=tok.vocab_size)
+    meta = {"model_config": dataclasses.asdict(model.config), "step": 0}
+    other = save_checkpoint(tmp_path / "other", model, {"step": 0}, meta, tok)
+    with pytest.raises(UserError, match="tokenizer"):
+        generate_in_process(f"checkpoint={ckpt}", f"draft={other}", "prompt=ab", "device=cpu")
+
+
+@pytest.mark.slow
+def test_cli_compile_without_a_cpp_compiler_warns_in_one_line_and_decodes(ckpt: Path, tmp_path: Path):
+    env_cxx = {"CXX": "/nonexistent/c++"}
+    args = [f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=8", "device=cpu", "compile=true"]
+    proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", env=env_cxx)
+    assert proc.returncode == 0, proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if "compile" in line]
+    assert len(warnings) == 1 and "C++ compiler" in warnings[0] and "Traceback" not in proc.stderr
+    assert proc.stdout.startswith("ab")

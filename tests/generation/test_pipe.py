@@ -42,8 +42,7 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly_with_every_sampl
         assert noise not in proc.stderr, proc.stderr
     assert "tokens/s" in proc.stderr  # the summary line still reached stderr
     cfg = config(*args)  # the same samples, generated here
-    model, tok, _ = load_for_generation(cfg)
-    texts, _ = run_samples(cfg, model, tok, io.StringIO(), io.StringIO())
+    texts, _ = run_samples(cfg, load_for_generation(cfg), io.StringIO(), io.StringIO())
     want = "".join(f"--- sample {i}\n{t}\n" for i, t in enumerate(texts))
     assert (tmp_path / "run" / "samples.txt").read_text() == want and len(texts) == 3
 

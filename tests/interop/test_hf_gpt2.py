@@ -1,4 +1,4 @@
-"""GPT-2 weights: a randomly initialised Hugging Face GPT2LMHeadModel, saved locally, must load into minigpt
+"""Importing GPT-2: a randomly initialised Hugging Face GPT2LMHeadModel, saved locally, must load into minigpt
 and compute the same logits and the same greedy tokens (transformers is the independent reference)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 from minigpt.checkpoint.load import load_model
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
-from minigpt.interop.hf_checkpoint import export_checkpoint, import_to_checkpoint
-from minigpt.interop.hf_gpt2 import export_hf_gpt2, hf_config_from_model, hf_state_dict, load_hf_gpt2
+from minigpt.interop.hf_checkpoint import export_hf, import_hf
+from minigpt.interop.hf_gpt2 import hf_config_from_model, hf_state_dict, load_hf_gpt2
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -100,17 +100,19 @@ def test_hf_state_dict_gives_transformers_the_same_weights(hf_folder) -> None:
 def test_checkpoint_round_trip_through_both_formats(tmp_path: Path, hf_folder) -> None:
     tok_dir = tmp_path / "tok"
     ByteTokenizer().save(tok_dir)
-    ckpt = import_to_checkpoint(hf_folder[0], tmp_path / "ckpt", tokenizer_dir=tok_dir)
+    ckpt = import_hf(hf_folder[0], tmp_path / "ckpt", tokenizer_dir=tok_dir)
     model, tokenizer, meta = load_model(ckpt, "cpu")
     assert tokenizer.kind == "byte" and meta["model_config"]["activation"] == "gelu_tanh"
-    out = export_checkpoint(ckpt, tmp_path / "hf_out")
+    out = export_hf(ckpt, tmp_path / "hf_out")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == tokenizer.eot_id
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     idx = torch.arange(16).unsqueeze(0)
     with torch.no_grad():
         torch.testing.assert_close(reloaded(idx).logits, hf_folder[1](idx).logits, atol=1e-4, rtol=1e-4)
+    assert transformers.AutoTokenizer.from_pretrained(out)("é<|endoftext|>")["input_ids"] == (
+        tokenizer.encode("é<|endoftext|>"))  # the byte tokenizer travelled too
     with pytest.raises(UserError, match="already exists"):
-        export_hf_gpt2(model, out)
+        export_hf(ckpt, out)
 
 
 def test_bad_inputs_are_user_errors(tmp_path: Path, hf_folder) -> None:
@@ -122,6 +124,10 @@ def test_bad_inputs_are_user_errors(tmp_path: Path, hf_folder) -> None:
     (tmp_path / "config.json").write_text((hf_folder[0] / "config.json").read_text())
     with pytest.raises(UserError, match="no model.safetensors"):
         load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(UserError, match="not valid JSON"):
+        load_hf_gpt2(tmp_path)
+    (tmp_path / "config.json").write_text((hf_folder[0] / "config.json").read_text())
     sd = load_file(str(hf_folder[0] / "model.safetensors"))
     sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][:-1].contiguous()  # a context mismatch
     save_file(sd, str(tmp_path / "model.safetensors"))
@@ -136,3 +142,19 @@ def test_export_refuses_what_gpt2_cannot_express() -> None:
     model = build_model(cfg)
     with pytest.raises(UserError, match="model.norm=rmsnorm"):
         hf_state_dict(model)
+
+
+def test_a_model_without_biases_exports_as_gpt2_with_zero_biases() -> None:
+    from minigpt.model.factory import build_model
+
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=20, bias=False))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    sd = hf_state_dict(model)
+    assert torch.equal(sd["transformer.h.1.mlp.c_fc.bias"], torch.zeros(64)) and "lm_head.bias" not in sd
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**hf_config_from_model(model.config))).eval()
+    hf.load_state_dict(sd)
+    idx = torch.arange(8).unsqueeze(0)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(idx).logits, model.eval()(idx)[0], atol=1e-5, rtol=1e-5)

@@ -39,10 +39,10 @@ def test_every_ablation_file_is_the_baseline_plus_one_change():
     names = sorted(p.stem for p in LAB.glob("*.yaml"))
     assert names == sorted([*CHANGES, "baseline"])
     base = _lab("baseline")
-    assert base.run_name == "baseline" and base.model.head_dim == 64  # the notes' d_k
+    assert base.run_name == "baseline" and base.model.head_dim == 64  # a head size where 1/√D matters
     for name, change in CHANGES.items():
         cfg = _lab(name)
-        assert cfg.run_name == name and name in ROWS  # the report has the notes' prediction for it
+        assert cfg.run_name == name and name in ROWS  # the report has the design's claim for it
         for section in ("data", "tokenizer", "optim", "trainer", "device", "logging"):
             assert getattr(cfg, section) == getattr(base, section), (name, section)  # same data and budget
         diff = {k: v for k, v in vars(cfg.model).items() if getattr(base.model, k) != v}

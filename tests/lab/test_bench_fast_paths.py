@@ -1,4 +1,4 @@
-"""The speed paths give the answers of the simple paths they sit beside (issue 7's optimisations):
+"""The speed paths give the answers of the simple paths they sit beside:
 
 - the chunked, head-fused cross-entropy (model/chunked_loss.py) against F.cross_entropy on full logits,
 - GPT's training forward with return_logits=False against the plain forward (loss and gradients),

@@ -1,5 +1,5 @@
 """The temperature tool: entropy against T on a real model's logits, its two limits, and the figure;
-and the reference notes' 50/49/1 example against the explicit formula."""
+and the apple/durian/joke example (50/49/1) of docs/design.md against the explicit formula."""
 
 from __future__ import annotations
 
@@ -109,44 +109,44 @@ def test_config_composes_and_rejects_bad_values():
             TemperatureConfig(**bad)
 
 
-# The reference notes' example: after "I love to eat ...", apple 50%, durian 49%, and a joke token 1%.
-NOTES_PROBS = (0.50, 0.49, 0.01)
-NOTES_TEMPERATURES = (0.25, 0.5, 1.0, 2.0, 5.0)
+# The example of docs/design.md: after "I love to eat ...", apple 50%, durian 49%, and a joke token 1%.
+EXAMPLE_PROBS = (0.50, 0.49, 0.01)
+EXAMPLE_TEMPERATURES = (0.25, 0.5, 1.0, 2.0, 5.0)
 
 
-def notes_table(temperatures) -> list[list[float]]:
+def example_table(temperatures) -> list[list[float]]:
     """softmax(log p / T) written out: p_i^(1/T) / sum_j p_j^(1/T), in Python floats."""
     rows = []
     for t in temperatures:
-        w = [p ** (1.0 / t) for p in NOTES_PROBS]
+        w = [p ** (1.0 / t) for p in EXAMPLE_PROBS]
         rows.append([x / sum(w) for x in w])
     return rows
 
 
-def test_the_notes_temperature_example_follows_the_formula_and_low_t_barely_separates_the_top_two():
-    logits = torch.tensor(NOTES_PROBS, dtype=torch.float64).log()
-    table = distributions(logits, NOTES_TEMPERATURES)
-    expected = torch.tensor(notes_table(NOTES_TEMPERATURES), dtype=torch.float64)
+def test_the_apple_durian_example_follows_the_formula_and_low_t_barely_separates_the_top_two():
+    logits = torch.tensor(EXAMPLE_PROBS, dtype=torch.float64).log()
+    table = distributions(logits, EXAMPLE_TEMPERATURES)
+    expected = torch.tensor(example_table(EXAMPLE_TEMPERATURES), dtype=torch.float64)
     torch.testing.assert_close(table.double(), expected, atol=1e-6, rtol=1e-6)
     apple, durian, joke = table.T
-    # The notes say a low temperature makes the model "very likely" say apple. Not here: the two logits
-    # differ by ln(50/49) = 0.02, so at T = 0.25 the gap is only 0.08 and durian keeps 48%.
+    # The example claims a low temperature makes the model "very likely" say apple. Not here: the two
+    # logits differ by ln(50/49) = 0.02, so at T = 0.25 the gap is only 0.08 and durian keeps 48%.
     assert apple[0] < 0.53 and durian[0] > 0.47
     # only T -> 0 makes apple certain: p_apple / p_durian = (50/49)^(1/T) needs T < 0.0044 for 99 : 1
     cold = distributions(logits, [0.01, 0.004])
     assert cold[0, 0] < 0.9 and cold[1, 0] > 0.99
     torch.testing.assert_close(probabilities(logits, SamplingParams(0.0)), torch.tensor([1.0, 0.0, 0.0]))
-    # what the notes get right about high T: the 1% token rises (to 18.6% at T = 5, 1/3 as T -> inf)
+    # what the example gets right about high T: the 1% token rises (to 18.6% at T = 5, 1/3 as T -> inf)
     assert joke.tolist() == sorted(joke.tolist()) and 0.18 < joke[-1] < 0.19
 
 
-def test_readme_quotes_the_temperature_table_the_formula_gives():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_design_doc_quotes_the_temperature_table_the_formula_gives():
+    readme = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
     block = readme.split("<!-- temperature-table:begin -->")[1].split("<!-- temperature-table:end -->")[0]
     rows = [line for line in block.splitlines() if line.startswith("| ") and line[2:3].isdigit()]
-    expected = notes_table(NOTES_TEMPERATURES)
-    assert len(rows) == len(NOTES_TEMPERATURES)
-    for line, t, probs in zip(rows, NOTES_TEMPERATURES, expected, strict=True):
+    expected = example_table(EXAMPLE_TEMPERATURES)
+    assert len(rows) == len(EXAMPLE_TEMPERATURES)
+    for line, t, probs in zip(rows, EXAMPLE_TEMPERATURES, expected, strict=True):
         cells = [c.strip().rstrip("%") for c in line.strip("|").split("|")]
         assert float(cells[0]) == t
         assert [float(c) for c in cells[1:4]] == [round(100 * p, 1) for p in probs]

@@ -1,7 +1,7 @@
-"""The reference notes' "without X it breaks" arguments, each shown on a small model against the baseline.
+"""The design's "without X it breaks" claims, each shown on a small model against the baseline.
 
 Every test compares an ablated model with the unablated one (or with an explicit formula), never with the
-code's own earlier output; the measured numbers are printed (`pytest -s`) and quoted in the README.
+code's own earlier output; the measured numbers are printed (`pytest -s`) and quoted in docs/design.md.
 """
 
 from __future__ import annotations

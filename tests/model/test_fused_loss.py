@@ -5,7 +5,7 @@ paths round the same operands to the 16-bit type once each (x and W before the l
 returns, dlogits before the two gradient matmuls) and sum in float32, so both land a few roundoffs from the
 exact (float64) gradient. The fused path must be *no less accurate than the plain path* (its relative error
 at most 1.25x the plain path's: the two round in different orders, never by more than that here), and within
-8 roundoffs absolutely. Shapes are tiny: this CPU emulates bf16 matmuls (~1 GFLOP/s).
+8 roundoffs absolutely. Shapes are tiny: a CPU without bf16 units emulates bf16 matmuls, about 100x slower.
 """
 
 from __future__ import annotations

@@ -62,14 +62,16 @@ def test_last_only_with_cache_and_cache_defaults():
     model = shrunk_model("modern")
     cfg = model.config
     cache = model.new_kv_cache(3)
-    assert cache.k.shape == (cfg.n_layer, 3, cfg.kv_heads, cfg.block_size, cfg.head_dim)
-    assert cache.k.dtype == torch.float32
+    assert len(cache.k) == len(cache.v) == cfg.n_layer
+    assert all(t.shape == (3, cfg.kv_heads, cfg.block_size, cfg.head_dim) for t in cache.k + cache.v)
+    assert len({t.data_ptr() for t in cache.k + cache.v}) == 2 * cfg.n_layer  # a buffer of its own each
+    assert cache.dtype == cache.k[0].dtype == torch.float32
     idx = _seq(3, 6)
     full, _ = model(idx)
     last, _ = model(idx, kv_cache=cache, last_only=True)
     assert last.shape == (3, 1, VOCAB)
     torch.testing.assert_close(last, full[:, -1:], **TOL)
-    assert model.new_kv_cache(1, max_len=8, dtype=torch.float64).k.shape[3] == 8
+    assert model.new_kv_cache(1, max_len=8, dtype=torch.float64).k[0].shape[2] == 8
     with pytest.raises(ValueError, match="block_size"):
         model.new_kv_cache(1, max_len=cfg.block_size + 1)
 

@@ -1,7 +1,7 @@
 """The CUDA check's offline install: the wheels `make device-wheels` fetches cover what the device image
 lacks.
 
-The image (issue 16) has torch, tiktoken, safetensors, tensorboard, transformers, matplotlib, tqdm and pytest
+The image has torch, tiktoken, safetensors, tensorboard, transformers, matplotlib, tqdm and pytest
 (and their own requirements: numpy, PyYAML, packaging). Every runtime dependency of minigpt must be there or
 in the Makefile's DEVICE_PACKAGES; and where .whl/ has been filled, it must install into an empty --target
 with no index, for the device's Python 3.12 on manylinux x86-64 (checked with pip's --python-version and

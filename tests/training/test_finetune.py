@@ -57,8 +57,8 @@ def test_fine_tune_an_imported_gpt2_on_a_text_corpus(hf_gpt2, tmp_path: Path, ca
     root, hf = hf_gpt2
     ckpt_dir, run = tmp_path / "imported", tmp_path / "run"
     corpus = write_corpus(tmp_path / "corpus")
-    imported = run_script("import_gpt2", [str(root / "hf"), str(ckpt_dir), "--tokenizer",
-                                          str(root / "tokenizer")], capsys)
+    imported = run_script("import_hf", [f"source={root / 'hf'}", f"out={ckpt_dir}",
+                                        f"tokenizer_dir={root / 'tokenizer'}"], capsys)
     assert imported.code == 0, imported.err
 
     # An imported checkpoint has no run to continue: resuming it says, in one line, what to do instead.
@@ -108,7 +108,8 @@ def test_an_hf_folder_without_the_gpt2_tokenizer_says_how_to_import_it(hf_gpt2, 
         raise UserError("tokenizer=gpt2 needs tiktoken's 'gpt2' file, which could not be loaded")
 
     monkeypatch.setattr(finetune, "build_tokenizer", offline)
-    with pytest.raises(UserError, match=r"could not be loaded; or import the folder .*--tokenizer DIR"):
+    hint = r"could not be loaded; or import the folder .*scripts/import_hf.py source=.* tokenizer_dir=DIR"
+    with pytest.raises(UserError, match=hint):
         InitFrom.open(str(root / "hf")).tokenizer(TokenizerConfig())
 
 

@@ -66,8 +66,9 @@ def test_a_bad_value_fails_its_job_alone_with_one_line(sweep):
     root, proc = sweep
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stdout + proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "trainer.max_steps=-1 must be at least 1" in errors[0], proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: a sweep job failed: "), proc.stderr
+    assert "trainer.max_steps=-1 must be at least 1" in errors[0]
     log_path = Path(errors[0].split("(its log: ")[1].split(")")[0])
     assert log_path.parent == root / "sweep" / ".submitit"
     assert log_path.read_text().splitlines() == ["error: trainer.max_steps=-1 must be at least 1"]

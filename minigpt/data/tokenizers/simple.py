@@ -40,7 +40,7 @@ class CharTokenizer(Tokenizer):
 
     def encode(self, text: str) -> list[int]:
         # Vectorised lookup: the text as UTF-32 code points, each found by binary search in the
-        # sorted vocabulary -- tens of MB/s, where a Python dict lookup per character manages a few.
+        # sorted vocabulary, in numpy: many times faster than a Python dict lookup per character.
         codes = np.frombuffer(text.encode("utf-32-le"), dtype="<u4")
         ids = np.searchsorted(self._codepoints, codes)
         known = ids < len(self.chars)

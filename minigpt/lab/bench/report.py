@@ -9,29 +9,12 @@ import json
 from pathlib import Path
 
 from minigpt.lab.bench.attention import BACKENDS
-
-
-def _mib(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**20:.0f} MiB"
-
-
-def _t(t: dict, unit: float = 1e3, suffix: str = "ms") -> str:
-    return f"{t['median'] * unit:.{2 if unit == 1 else 1}f} [{t['min'] * unit:.{2 if unit == 1 else 1}f}-" \
-        f"{t['max'] * unit:.{2 if unit == 1 else 1}f}]" + (f" {suffix}" if suffix else "")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
-    return [line(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)]
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.0f}%"
-
-
-def _x(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}x"
+from minigpt.lab.bench.format import mib as _mib
+from minigpt.lab.bench.format import pct as _pct
+from minigpt.lab.bench.format import table as _table
+from minigpt.lab.bench.format import timing as _t
+from minigpt.lab.bench.format import x as _x
+from minigpt.lab.bench.report_decoding import FORMATTERS as DECODING_FORMATTERS
 
 
 def format_peak(p: dict) -> list[str]:
@@ -62,41 +45,6 @@ def format_train(name: str, r: dict) -> list[str]:
         notes.append(f"  `make train` runs {default['row'] or default['dtype']}{ratio} "
                      f"[dtype {default['reason']}; compile {default['compile']}]")
     return [head, *_table(header, rows), *notes]
-
-
-def format_generation(r: dict) -> list[str]:
-    s = r["shape"]
-    bw = r.get("read_bytes_per_s")
-    out = [f"Generation: {s['n_layer']} layers x {s['n_embd']} wide, vocab {s['vocab_size']}, batch 1, "
-           f"{r['prompt_tokens']} prompt + {r['new_tokens']} new tokens, greedy; weights "
-           + ", ".join(f"{d} {_mib(b)}" for d, b in r["weight_bytes"].items())
-           + (f"; MBU against {bw / 1e9:.1f} GB/s" if bw else "")]
-    rows = [[n, f"{c['tokens_per_s']:.1f}", _t(c["time_s"], 1, ""), _pct(c.get("mbu")), _x(c["vs_reference"]),
-             _x(c["vs_minigpt_cached_fp32"])] for n, c in r["contenders"].items()]
-    out += _table(["contender", "tokens/s", "total s", "MBU", "vs best ref", "vs cached fp32"], rows)
-    lat = r["latency"]
-    positions = [k for k in next(iter(lat.values())) if not k.startswith("ratio")]
-    cell = lambda v: _t(v) + (f", MBU {_pct(v['mbu'])}" if v.get("mbu") is not None else "")
-    rows = [[n] + [cell(v[p]) for p in positions] + [f"{v[k]:.2f}" for k in v if k.startswith("ratio")]
-            for n, v in lat.items()]
-    out += ["Per-token decode latency (forward + argmax) by tokens in the cache:"]
-    out += _table(["contender", *[f"~{p}" for p in positions], f"~{positions[-1]} / ~{positions[0]}"], rows)
-    overhead = next((v for n, v in lat.items() if n.startswith("overhead")), None)
-    if overhead and "minigpt fp32" in lat:
-        p0 = positions[0]
-        share = overhead[p0]["median"] / lat["minigpt fp32"][p0]["median"]
-        out.append(f"Of minigpt fp32's step at ~{p0}, {overhead[p0]['median'] * 1e3:.1f} ms "
-                   f"({share * 100:.0f}%) is overhead (the same ops on negligible weights), the rest reads "
-                   "weights and cache")
-    out += [f"  {n}" for n in r.get("notes", [])]
-    pf = r["prefill"]
-    out.append(f"Prefill of {pf['tokens']} tokens: minigpt {_t(pf['minigpt fp32'])}, "
-               f"reference {_t(pf['reference fp32'])}")
-    out.append(f"Greedy tokens equal to the reference: {r['greedy_tokens_equal_reference']}/{r['new_tokens']}"
-               + (f"; bf16 equal to fp32: {r['bf16_greedy_tokens_equal_fp32']}/{r['new_tokens']}"
-                  if "bf16_greedy_tokens_equal_fp32" in r else "")
-               + f"; extra memory of a cached generation: {_mib(r['peak_mem_bytes'])}")
-    return out
 
 
 def format_compile(r: dict) -> list[str]:
@@ -172,8 +120,9 @@ def format_report(results: dict) -> str:
     for name in ("train_S", "train_M"):
         if name in sections:
             lines += ["", *format_train(name.removeprefix("train_"), sections[name])]
-    if "generation" in sections:
-        lines += ["", *format_generation(sections["generation"])]
+    for name, fmt in DECODING_FORMATTERS.items():
+        if name in sections:
+            lines += ["", *fmt(sections[name])]
     if "attention" in sections:
         lines += ["", *format_attention(sections["attention"])]
     if "data" in sections:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from minigpt.errors import UserError
 
-SECTIONS = ("peak", "train_S", "train_M", "generation", "attention", "data")
+DECODING = ("generation", "default_decode", "decode_batch", "speculative", "decode_accuracy")
+SECTIONS = ("peak", "train_S", "train_M", *DECODING, "attention", "data")
 EXTRA_SECTIONS = ("train_loop", "compile")  # not part of the default run
-ALIASES = {"train": ("train_S", "train_M"), "all": SECTIONS}
+ALIASES = {"train": ("train_S", "train_M"), "decoding": DECODING, "all": SECTIONS}
 
 
 def select_sections(only: list[str] | None) -> list[str]:

@@ -6,8 +6,14 @@ under a minute, for smoke tests. Sections:
 
     peak        measured fp32/bf16 matmul FLOP/s and read bandwidth (the MFU and MBU denominators)
     train_S     training step, shape S (train_M: shape M; `train` selects both), fp32 and bf16 autocast
-    generation  cached / uncached / HF generate with fp32 and bf16 weights, MBU, latency by position and
+    generation  decoding shape W2: minigpt fp32 / bf16 / int8, eager and compiled, against HF generate and
+                llama.cpp (f32 / bf16 / q8_0) and the uncached path; MBU, the targets, latency by position and
                 the op overhead of a step, prefill
+    default_decode   `make train`'s model decoding at batch 1, eager and compiled
+    decode_batch     W2 at batch 1, 4, 16, 64: tokens/s, per-token latency, where throughput saturates
+    speculative      W2 with int8 / bf16 copies drafting: acceptance rate and speed-up
+    decode_accuracy  a trained checkpoint in bf16 and int8 against float32: logits, greedy tokens, val loss
+    (`decoding` selects these five)
     attention   math / online / sdpa forward time and memory at growing T
     data        default-corpus prepare time, encode MB/s
     train_loop  (only when asked for) sustained training with the trainer's step code: GPT-2 small with
@@ -16,9 +22,12 @@ under a minute, for smoke tests. Sections:
                 eager vs compiled steps, break-even step count
 
 bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
-are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only, like the
-project's 2-core machine) they are emulated ~100x slower and would take minutes per step to confirm
-what the peak already says.
+are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only) they are emulated
+about 100x slower and would take minutes per step to confirm what the peak already says.
+
+The decoding sections compile their decode steps unless --no-compile (or --quick) says otherwise; each
+compiled model is a graph of its own for Dynamo, whose default limit of 8 per function would send the
+later ones back to eager, so the limit is raised while they run.
 """
 
 from __future__ import annotations
@@ -32,15 +41,31 @@ import torch
 from minigpt.data.config import DataConfig
 from minigpt.data.encode import cpu_count
 from minigpt.device.config import DeviceConfig
+from minigpt.device.probe import cpu_model
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.lab.bench.attention import bench_attention
 from minigpt.lab.bench.compile import bench_compile
 from minigpt.lab.bench.data import bench_data
+from minigpt.lab.bench.decode_accuracy import bench_decode_accuracy
+from minigpt.lab.bench.decode_batch import bench_decode_batch
+from minigpt.lab.bench.default_decode import bench_default_decode
 from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
+from minigpt.lab.bench.sections import DECODING
+from minigpt.lab.bench.speculative import bench_speculative
 from minigpt.lab.bench.train_loop import bench_train_loop
 from minigpt.lab.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
+
+
+def bf16_units() -> list[str]:
+    """The bfloat16 instruction sets /proc/cpuinfo lists for this CPU (avx512_bf16, amx_bf16), or []."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        flags = next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split()
+    except (OSError, StopIteration):
+        return []
+    return sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "avx_ne_convert"))
 
 
 def bf16_is_fast(peak: dict) -> bool:
@@ -52,8 +77,8 @@ def train_contenders(peak: dict, quick: bool, compile_: bool | None, shape: str 
     """The training contenders worth running here, and a note for each one left out.
 
     Each path runs in fp32 and, where bf16 matmuls are fast, under bf16 autocast: the reference too, so every
-    table compares best with best. torch.compile costs 30-60 s per model on a 2-core CPU, so by default it is
-    measured on shape M only, and not at all with quick=true; compile= forces it."""
+    table compares best with best. torch.compile costs tens of seconds per model on a small CPU, so by default
+    it is measured on shape M only, and not at all with quick=true; compile= forces it."""
     dtypes = ["fp32"]
     notes = []
     if bf16_is_fast(peak):
@@ -88,12 +113,13 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
               log=print) -> dict:
     """Run `sections` in order; returns {"machine": ..., "sections": {name: result}}."""
     start = time.perf_counter()
-    cpu = f"CPU ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}, {cpu_count()} cores)"
+    capability = torch.backends.cpu.get_cpu_capability()
+    cpu = f"{cpu_model()} ({platform.machine()}, {capability}, {cpu_count()} cores)"
     results: dict = {
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "quick": quick,
-            "python": platform.python_version(),
+            "python": platform.python_version(), "bf16_units": bf16_units(),
         },
         "sections": {},
     }
@@ -103,7 +129,7 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
         t0 = time.perf_counter()
         log(f"[bench] {name} ...")
         try:
-            if name == "peak" or (name in ("train_S", "train_M", "generation") and peak is None):
+            if name == "peak" or (name in ("train_S", "train_M", *DECODING) and peak is None):
                 peak = bench_peak(device, quick)
                 if name == "peak":
                     out["peak"] = peak
@@ -127,12 +153,9 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
         result["notes"] = notes + result["notes"]
         result["trainer_default"] = trainer_default(device)
         return result
-    if name == "generation":
-        kw = {"read_bytes_per_s": peak["read_bytes_per_s"], "reference_bf16": bf16_is_fast(peak)}
-        if quick:  # the same model; fewer tokens and repeats
-            return bench_generation(device, new_tokens=16, repeats=1, latency_repeats=2,
-                                    latency_positions=(64, 1000), **kw)
-        return bench_generation(device, **kw)
+    if name in DECODING:
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _run_decoding(name, device, quick, compile_ if compile_ is not None else not quick, peak)
     if name == "attention":
         lengths = (512, 2048) if quick else (512, 2048, 8192)
         return bench_attention(device, lengths=lengths, repeats=1 if quick else 2)
@@ -143,3 +166,24 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
     if name == "train_loop":  # GPT-2 small takes minutes per step on a CPU: smoke-sized there
         return bench_train_loop(device, smoke=quick or device.type != "cuda")  # dtype, compile: the trainer's
     raise ValueError(f"unknown section {name}")
+
+
+def _run_decoding(name: str, device: torch.device, quick: bool, compile_: bool, peak: dict) -> dict:
+    bandwidth = peak["read_bytes_per_s"]
+    if name == "generation":
+        kw = {"read_bytes_per_s": bandwidth, "reference_bf16": bf16_is_fast(peak), "compile": compile_}
+        if quick:  # the same model; fewer tokens and repeats
+            return bench_generation(device, new_tokens=16, repeats=1, latency_repeats=2,
+                                    latency_positions=(64, 1000), **kw)
+        return bench_generation(device, **kw)
+    if name == "default_decode":
+        sizes = {"new_tokens": 32, "repeats": 1} if quick else {}
+        return bench_default_decode(device, compile=compile_, **sizes)
+    if name == "decode_batch":
+        sizes = {"batch_sizes": (1, 4), "new_tokens": 8, "repeats": 1} if quick else {}
+        return bench_decode_batch(device, compile=compile_, read_bytes_per_s=bandwidth, **sizes)
+    if name == "speculative":
+        sizes = {"new_tokens": 16, "draft_tokens": (2,), "repeats": 1} if quick else {}
+        return bench_speculative(device, compile=compile_, **sizes)
+    return bench_decode_accuracy(**({"windows": 2, "prompts": 1, "new_tokens": 16, "max_tokens": 4096}
+                                    if quick else {}))

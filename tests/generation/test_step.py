@@ -1,0 +1,116 @@
+"""The compiled decode step (generation/step.py) against the eager one: the same tokens and logits, KV-cache
+writes that stay in place under compilation, and a one-line fallback where no C++ compiler is found.
+
+Inductor compiles through a C++ compiler it starts as a process, so the compiling tests are in the slow tier.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch._inductor.metrics as inductor_metrics
+from torch._inductor.scheduler import ExternKernelSchedulerNode
+
+from minigpt.generation.speculative import speculative_stream_tokens
+from minigpt.generation.step import DecodeStep
+from minigpt.model.config import ModelConfig
+from minigpt.model.factory import build_model
+from minigpt.model.kv_cache import KVCache
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
+
+SAMPLED = SamplingParams(1.0, top_k=20)
+
+
+def _model(block: int = 16, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = dict(n_layer=2, n_head=4, n_kv_head=2, n_embd=32, block_size=block, vocab_size=64,
+               pos_encoding="rope", norm="rmsnorm", activation="swiglu", bias=False)
+    model = build_model(ModelConfig(**{**cfg, **overrides})).eval()
+    with torch.no_grad():  # sharp weights: a wrong context shows in every token (as in test_decode.py)
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(15.0)
+    return model
+
+
+def _run(model, step, prompts, n, seed=0):
+    return generate(model, prompts, max_new_tokens=n, params=SAMPLED,
+                    generator=torch.Generator().manual_seed(seed), keep_logits=True, step=step)
+
+
+@pytest.mark.slow
+def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
+    model = _model()
+    compiled = DecodeStep(model, compile=True)
+    assert compiled.compiled
+    # a batch, and 40 tokens past the 16-token context (rebuilds)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    eager, fast = _run(model, None, prompts, 40), _run(model, compiled, prompts, 40)
+    assert fast.tokens == eager.tokens and fast.stats.reprefills > 0
+    for a, b in zip(fast.logits, eager.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    # speculative verification feeds several tokens at once, under a mask: the compiled step serves that too
+    got = [s.emitted[0] for s in speculative_stream_tokens(
+        model, _model(n_layer=1), [1, 2, 3], max_new_tokens=30, params=SamplingParams(0.0),
+        generator=torch.Generator(), num_draft_tokens=3, step=compiled)]  # fmt: skip
+    greedy = generate(model, [[1, 2, 3]], max_new_tokens=30, params=SamplingParams(0.0),
+                      generator=torch.Generator())
+    assert got == greedy.tokens[0]
+
+
+class OneBufferCache(KVCache):
+    """The layout the cache must not have: one (L, ...) tensor each for K and V, written through views."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.k_all, self.v_all = torch.stack(self.k), torch.stack(self.v)  # (L, B, H_kv, T_max, D)
+
+    def update(self, layer, k_new, v_new):
+        end = self.length + k_new.shape[2]
+        self.k_all[layer, :, :, self.length : end] = k_new
+        self.v_all[layer, :, :, self.length : end] = v_new
+        return self.k_all[layer, :, :, :end], self.v_all[layer, :, :, :end]
+
+
+def _largest_generated_kernel(model: torch.nn.Module, cache: KVCache) -> int:
+    """Elements the largest Inductor-generated kernel of a compiled decode step reads and writes (its own
+    account, `torch._inductor.metrics`); matrix products and attention (library calls) are not counted."""
+    torch._dynamo.reset()
+    inductor_metrics.reset()
+    with torch.no_grad():
+        model(torch.ones(1, 8, dtype=torch.long), kv_cache=cache)  # a prefill, then compiled steps
+    step = DecodeStep(model, compile=True)
+    torch._logging.set_logs(inductor_metrics=True)  # makes Inductor count each kernel's bytes
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would not be counted
+            for _ in range(3):
+                step(torch.ones(1, 1, dtype=torch.long), cache)
+    finally:
+        torch._logging.set_logs()
+    counts = [n for node, n in inductor_metrics.nodes_num_elem
+              if not isinstance(node, ExternKernelSchedulerNode)]
+    assert counts, "Inductor counted no kernels"
+    return max(counts)
+
+
+@pytest.mark.slow
+def test_compiled_steps_write_the_cache_in_place() -> None:
+    """No generated kernel of the step touches even one layer's K buffer whole; the layout that is copied
+    whole under compilation (one tensor viewed per layer) is caught by the same count."""
+    model = _model(block=512)
+    shape = (2, 1, 2, 512, 8)  # L, B, H_kv, T_max, D: the buffers dwarf every activation of a step
+    layer_buffer = shape[1] * shape[2] * shape[3] * shape[4]
+    assert _largest_generated_kernel(model, KVCache(*shape)) < layer_buffer
+    assert _largest_generated_kernel(model, OneBufferCache(*shape)) > 2 * shape[0] * layer_buffer
+
+
+def test_without_a_cpp_compiler_the_step_stays_eager_with_one_line(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with caplog.at_level(logging.WARNING, logger="minigpt.generation.step"):
+        step = DecodeStep(_model(), compile=True)
+    assert not step.compiled
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "C++ compiler" in lines[0] and "eagerly" in lines[0]
