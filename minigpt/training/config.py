@@ -114,8 +114,8 @@ class TrainerConfig:
         budgets = ("max_steps", "max_time", "max_tokens", "max_flops", "max_tokens_per_param")
         if all(getattr(self, k) is None for k in budgets):
             raise UserError("trainer.max_steps=null needs a time budget: set trainer.max_time (e.g. 3min), "
-                            "or a budget of work, the same on any machine: trainer.max_tokens or "
-                            "trainer.max_flops (e.g. 8e12)")
+                            "or a budget of work, the same on any machine: trainer.max_tokens, "
+                            "trainer.max_flops (e.g. 8e12) or trainer.max_tokens_per_param")
         if self.max_time is not None:
             parse_duration(self.max_time)  # a bad duration fails here, at start-up
         if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
