@@ -9,7 +9,7 @@ TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only bu
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
-	device-wheels
+	scaling device-wheels
 
 # The `## ` comments are read from this file as text, so a variable named in one is filled in here.
 help: ## list the targets
@@ -54,26 +54,50 @@ tensorboard: install ## serve TensorBoard over outputs/ on localhost (HOST=0.0.0
 bench: install ## measure training and generation speed against Hugging Face's GPT-2 (docs/performance.md)
 	$(PY) scripts/bench.py $(ARGS)
 
-speedrun: install ## the CPU speedrun: train candidate configs for a fixed time each, tabulate them in docs/speedrun.md
-	$(PY) scripts/speedrun.py $(ARGS)
-
 docs: install ## regenerate what the tools write under docs/ (tests/project/test_docs.py keeps it current)
 	$(PY) scripts/update_docs.py
 
-# The ablation lab: every file of configs/experiment/ablation/ (a test checks the list), the baseline first
-# (job 0, the row the others are compared with), as one Hydra multirun into one sweep folder; then the
-# report on it. The order here is the order of the table.
+# The lab's sweeps: configs x SEEDS seeds (from FIRST_SEED) as one Hydra multirun of train.py into one sweep
+# folder, the baseline config first (jobs 0 .. SEEDS-1: the rows the others are compared with, seed by seed),
+# then the report on that folder. A launcher (ARGS="hydra/launcher=slurm ...") runs the same jobs elsewhere.
 comma := ,
+SEEDS ?= 3
+FIRST_SEED ?= 1337
+SEED_LIST = $(shell seq -s, $(FIRST_SEED) $$(( $(FIRST_SEED) + $(SEEDS) - 1 )))
+SWEEP_SUBDIR := 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}_seed$${trainer.seed}'
+sweep = $(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix $(1)/,$(2))) \
+	trainer.seed=$(SEED_LIST) hydra.sweep.dir=$(3) $(SWEEP_SUBDIR) $(ARGS)
+STAMP := $(shell date +%Y-%m-%d/%H-%M-%S)
+
+# The CPU speedrun: files of configs/experiment/speedrun/ (default: the baseline, the default run), all at the
+# FLOPs budget of speedrun/default.yaml.
+SPEEDRUN ?= default longer_cooldown six_layers modern previous_default
+SPEEDRUN_DIR ?= outputs/speedrun/$(STAMP)
+
+speedrun: install ## SPEEDRUN configs x SEEDS seeds (3) at equal FLOPs, then the table; UPDATE_DOCS=1: also docs/speedrun.md
+	$(call sweep,speedrun,$(SPEEDRUN),$(SPEEDRUN_DIR))
+	$(PY) scripts/speedrun.py sweep=$(SPEEDRUN_DIR) $(if $(UPDATE_DOCS),docs=true)
+
+# The ablation lab: every file of configs/experiment/ablation/ (a test checks the list). The order here is
+# the order of the table.
 ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm \
 	qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap adamw
-ifndef ABLATION_DIR
-ABLATION_DIR := outputs/ablation/$(shell date +%Y-%m-%d/%H-%M-%S)
-endif
+ABLATION_DIR ?= outputs/ablation/$(STAMP)
 
-ablation: install ## train the baseline and each ablation, then report; UPDATE_DOCS=1 also rewrites docs/ablation.md
-	$(PY) scripts/train.py -m experiment=$(subst $() ,$(comma),$(addprefix ablation/,$(ABLATIONS))) \
-		hydra.sweep.dir=$(ABLATION_DIR) 'hydra.sweep.subdir=$${hydra.job.num}_$${run_name}' $(ARGS)
-	$(PY) scripts/ablation_report.py $(ABLATION_DIR) $(if $(UPDATE_DOCS),--readme docs/ablation.md)
+ablation: install ## the baseline and each ablation x SEEDS seeds (3) at equal FLOPs, then the report; UPDATE_DOCS=1: also docs/ablation.md
+	$(call sweep,ablation,$(ABLATIONS),$(ABLATION_DIR))
+	$(PY) scripts/ablation_report.py sweep=$(ABLATION_DIR) $(if $(UPDATE_DOCS),docs=true)
+
+# The scaling ladder: files of configs/experiment/scaling/, one width each, all at the tokens-per-parameter
+# ratio of scaling/ladder.yaml; the largest is held out (the fit on the others predicts it). One seed per
+# size unless SEEDS is given: the fit's residuals are its noise.
+SCALING ?= w032 w048 w064 w096 w128
+SCALING_DIR ?= outputs/scaling/$(STAMP)
+
+scaling: SEEDS = 1
+scaling: install ## the SCALING sizes at one tokens-per-parameter ratio, a power law of val bpb vs FLOPs, checked on the largest; UPDATE_DOCS=1: also docs/scaling.md
+	$(call sweep,scaling,$(SCALING),$(SCALING_DIR))
+	$(PY) scripts/scaling.py sweep=$(SCALING_DIR) $(if $(UPDATE_DOCS),docs=true)
 
 # A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
 # matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in
@@ -82,7 +106,7 @@ ablation: install ## train the baseline and each ablation, then report; UPDATE_D
 # pure-Python wheel is built here.
 DEVICE_WHEELS   ?= .whl
 DEVICE_PYTHON   ?= 3.12
-DEVICE_PACKAGES := hydra-core omegaconf rustbpe
+DEVICE_PACKAGES := hydra-core omegaconf rustbpe scipy
 DEVICE_SOURCE_PACKAGES := antlr4-python3-runtime
 DEVICE_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64
 PINS = $(PY) -c "import sys; from importlib.metadata import version; print(' '.join(f'{p}=={version(p)}' for p in sys.argv[1:]))"

@@ -17,10 +17,13 @@ from minigpt.generation.config import GenerateConfig
 from minigpt.inspect.config import AttentionMapsConfig, EvaluateConfig
 from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
+    AblationReportConfig,
     BenchConfig,
     LossCurvesConfig,
     PEPlotsConfig,
+    ScalingConfig,
     ShapeWalkConfig,
+    SpeedrunConfig,
     TemperatureConfig,
 )
 from minigpt.training.config import TrainConfig
@@ -31,7 +34,8 @@ SCHEMAS = {
     "temperature_schema": TemperatureConfig, "evaluate_schema": EvaluateConfig,
     "shape_walk_schema": ShapeWalkConfig, "attention_maps_schema": AttentionMapsConfig,
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
-    "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
+    "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
+    "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
 }
 
 

@@ -1,72 +1,49 @@
-"""The CPU speedrun table: `python scripts/speedrun.py [--budget 3min] [SWEEP OVERRIDE ...]`.
+"""The CPU speedrun's table: `python scripts/speedrun.py [sweep=<folder>] [docs=true] [render=true]`.
 
-Runs `scripts/train.py -m <overrides> trainer.max_time=<budget> trainer.max_steps=null` (one job per
-combination, one after the other), scores every job on the whole val split (stride = block), adds the rows to
-docs/speedrun.json and rewrites the table between the speedrun markers of docs/speedrun.md
+`make speedrun SEEDS=3` trains the candidates of configs/experiment/speedrun/ x 3 seeds at equal FLOPs as one
+Hydra multirun of scripts/train.py, then calls this on its folder, which scores every job on the whole val
+split (stride = block) and writes speedrun.json (one row per run) and speedrun.md (the table: mean ± 95%
+interval per config, the paired comparison with the baseline and its p-value) into the sweep folder
 (minigpt/lab/speedrun.py).
 
-    python scripts/speedrun.py                                   # model=demo,modern,tiny (the default first)
-    python scripts/speedrun.py model=modern model.n_embd=128,192 optim.lr=2e-3,4e-3 optim.schedule=cosine,wsd
-    python scripts/speedrun.py --render                          # only re-render the table from the JSON
+    python scripts/speedrun.py                                      # the newest sweep in outputs/speedrun
+    python scripts/speedrun.py sweep=outputs/speedrun/<date>/<time> docs=true   # + docs/speedrun.{json,md}
+    python scripts/speedrun.py render=true                          # re-render docs/speedrun.md only
 
-Bad input ends with one line on stderr and exit code 2.
+docs=true merges the rows into docs/speedrun.json (a rerun of a config, budget and seed on the same machine
+replaces its row; rows of other machines stay) and rewrites the table between docs/speedrun.md's markers.
+Bad input ends with one line on stderr and exit code 2, before anything is written.
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-import sys
 from pathlib import Path
 
-from minigpt.errors import USER_ERROR_EXIT_CODE, UserError
-from minigpt.training.budget import parse_duration
+import hydra
+from omegaconf import DictConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_SWEEP = ["model=demo,modern,tiny"]
+from minigpt.cli import reports_user_errors, run_cli, to_object
+from minigpt.config import register_configs
+from minigpt.lab.config import SpeedrunConfig
 
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("overrides", nargs="*", help=f"Hydra sweep overrides (default: {' '.join(DEFAULT_SWEEP)})")
-    p.add_argument("--budget", default="3min", help="trainer.max_time of every run (default: 3min)")
-    p.add_argument("--results", type=Path, default=ROOT / "docs" / "speedrun.json", help="the results JSON")
-    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "speedrun.md",
-                   help="the Markdown file holding the table (default: docs/speedrun.md)")
-    p.add_argument("--sweep-dir", type=Path, help="the multirun folder (default: outputs/speedrun/<time>)")
-    p.add_argument("--render", action="store_true", help="run nothing: re-render the table from the JSON")
-    p.add_argument("--fresh", action="store_true", help="drop the rows already in the JSON")
-    return p.parse_args(argv)
+register_configs()
+SWEEPS = Path("outputs/speedrun")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from minigpt.lab import speedrun  # after parsing: `--help` answers without torch
+@hydra.main(version_base="1.3", config_path="../configs", config_name="speedrun")
+@reports_user_errors
+def main(cfg: DictConfig) -> None:
+    from minigpt.lab.runs import newest_sweep
+    from minigpt.lab.speedrun import write_report  # after composition: `--help` answers without torch
 
-    try:
-        results = {"rows": []} if args.fresh else speedrun.load_results(args.results)
-        if not args.render:
-            parse_duration(args.budget, key="--budget")  # before anything runs
-            stamp = datetime.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-            sweep_dir = args.sweep_dir or ROOT / "outputs" / "speedrun" / stamp
-            jobs = speedrun.run_sweep(args.overrides or DEFAULT_SWEEP, args.budget, sweep_dir)
-            rows = [speedrun.score_run(job, args.budget) for job in jobs]
-            results = speedrun.merge(results, rows)
-            args.results.parent.mkdir(parents=True, exist_ok=True)
-            args.results.write_text(json.dumps(results, indent=2) + "\n")
-        table = speedrun.render_table(results)
-        readme = args.readme.read_text(encoding="utf-8")
-        args.readme.write_text(speedrun.update_readme(readme, table, args.readme.name), encoding="utf-8")
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
-    except OSError as e:
-        print(f"error: cannot read or write {e.filename}: {e.strerror}", file=sys.stderr)
-        return USER_ERROR_EXIT_CODE
+    c = to_object(cfg, SpeedrunConfig)
+    doc = Path(c.doc) if c.docs or c.render else None
+    sweep = None if c.render else Path(c.sweep) if c.sweep else newest_sweep(SWEEPS, "make speedrun")
+    written, table = write_report(sweep, Path(c.results), doc)
     print(table)
-    return 0
+    for path in written:
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -4,7 +4,10 @@
                 scaler, the loader's position, every rank's RNG state (plain tensors and containers)
     meta.json   enough to rebuild the model, decode its tokens and find its data without Hydra: the
                 resolved model config and full config, the tokenizer, the data folder, the latest
-                validation numbers with what they were measured on
+                validation numbers with what they were measured on, the model FLOPs trained, the
+                non-embedding parameter count (the N of 6N FLOPs per token) and the machine that
+                trained them (CPU, cores, device, the dtype the matmuls ran in), so runs from
+                different machines can be compared at equal FLOPs
 
 `format.py` writes and reads these files; training (`training/resume.py`) fills them and restores from them.
 """
@@ -18,6 +21,8 @@ from typing import Any
 import torch
 
 from minigpt.checkpoint.format import TOKENIZER
+from minigpt.data.encode import cpu_count
+from minigpt.device.probe import cpu_model
 
 
 def finite_or_none(x: float) -> float | None:
@@ -63,13 +68,23 @@ def progress_of(state: dict[str, Any]) -> Progress:
                     first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
 
 
+def machine_record(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """What a run's speed and numerics depend on: CPU model and cores, the device (and GPU name), the dtype
+    the matmuls run in (`device.dtype=auto` resolved), torch."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"cpu": cpu_model(), "cores": cpu_count(), "device": device.type, "gpu": gpu,
+            "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__}
+
+
 def training_meta(progress: Progress, cfg: Any, model, tokenizer, data, world_size: int,
-                  evaluation: dict) -> dict:
+                  evaluation: dict, machine: dict[str, Any]) -> dict:
     """meta.json's content: enough to rebuild the model, decode its tokens and find its data (no Hydra),
-    and the latest validation numbers with what they were measured on (`evaluation`: windows, targets)."""
+    the latest validation numbers with what they were measured on (`evaluation`: windows, targets), and the
+    compute spent, with the `machine` (`machine_record`) it was spent on."""
     p = progress
     return {
         "step": p.step, "tokens_seen": p.tokens_seen, "train_seconds": p.train_seconds,
+        "flops": p.tokens_seen * model.flops_per_token(), "params": model.num_params(), "machine": machine,
         "val_loss": finite_or_none(p.val_loss), "best_val_loss": finite_or_none(p.best_val_loss),
         "val_ppl": finite_or_none(math.exp(min(p.val_loss, 700.0))), "val_bpb": finite_or_none(p.val_bpb),
         "eval": {**evaluation, "eval_tokens": cfg.trainer.eval_tokens},

@@ -1,6 +1,8 @@
 """The ablation lab's measurements: what one trained run of `configs/experiment/ablation/` shows.
 
-Everything is measured after training, on the run's final checkpoint and the run's own validation
+`make ablation SEEDS=3` trains every file of the lab with each seed at the same budget of model FLOPs, as one
+Hydra multirun; each run is measured here, and the report (ablation_report.py) puts the seeds of one file
+together. Everything is measured after training, on the run's final checkpoint and the run's own validation
 split, in eval mode, so every run is scored the same way whatever it was trained with. A model trained
 with `model.causal=false` is therefore measured causally, as it would be used (gpt.py, "Causality").
 
@@ -13,7 +15,9 @@ with `model.causal=false` is therefore measured causally, as it would be used (g
   (0 = every query looks at one key; ln(t + 1) = uniform over the t + 1 keys query t may see);
 - a greedy and a sampled continuation of the first tokens of the val split;
 - the loss curves the trainer logged (TensorBoard), and the last training loss (training mode: for
-  `causal=false` that is the loss *with* the next token visible).
+  `causal=false` that is the loss *with* the next token visible);
+- the run's row (`runs.RunRecord`: config, seed, budget, machine, tokens, FLOPs, training time, tokens/s,
+  and the val loss and bits per byte above).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from minigpt.data.eval_windows import eval_batches, eval_windows
 from minigpt.data.prepare import PreparedData, load_prepared
 from minigpt.errors import UserError
 from minigpt.lab.loss_curves import EVENT_GLOB, read_scalars
+from minigpt.lab.runs import RunRecord, read_record, sweep_jobs
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -46,9 +51,8 @@ class RunMeasures:
 
     name: str  # the run's run_name (the ablation file's name)
     run_dir: str
+    run: RunRecord  # config, seed, budget, machine, what it cost; its val loss and bits per byte (nats/token)
     model: dict  # the resolved model config
-    val_loss: float  # nats/token
-    bits_per_byte: float
     scored_tokens: int
     scored_bytes: int
     grad_norms: list[float]  # per layer
@@ -58,30 +62,26 @@ class RunMeasures:
     sample: str
     train_loss: float | None  # the last logged train/loss
     curves: dict[str, list[list]] = field(default_factory=dict)  # tag -> [steps, values]
-    train_seconds: float | None = None  # wall time from the first to the last TensorBoard event
+
+    @property
+    def val_loss(self) -> float:
+        return self.run.val_loss
+
+    @property
+    def bits_per_byte(self) -> float:
+        return self.run.bits_per_byte
 
     @classmethod
     def from_dict(cls, d: dict) -> RunMeasures:
-        return cls(**d)
+        return cls(**{**d, "run": RunRecord(**d["run"])})
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def find_lab_runs(sweep_dir: Path) -> list[Path]:
-    """The run folders of a lab sweep (each with checkpoints/last), in job order (0_baseline, 1_..., ...)."""
-    sweep_dir = Path(sweep_dir)
-    if not sweep_dir.is_dir():
-        raise UserError(f"{sweep_dir} is not a folder; pass the sweep folder `make ablation` wrote")
-    runs = [p for p in sweep_dir.iterdir() if (p / "checkpoints" / "last" / "meta.json").is_file()]
-    if not runs:
-        raise UserError(f"no trained runs (checkpoints/last) in {sweep_dir}; run `make ablation` first")
-
-    def job_order(p: Path) -> tuple[int, str]:
-        head = p.name.split("_", 1)[0]
-        return (int(head) if head.isdigit() else 1 << 30, p.name)
-
-    return sorted(runs, key=job_order)
+    """The run folders of a lab sweep (with checkpoints/last), in job order (0_baseline_seed1337, ...)."""
+    return sweep_jobs(sweep_dir, "make ablation")
 
 
 def run_name(run_dir: Path, meta: dict | None = None) -> str:
@@ -114,15 +114,13 @@ def measure_run(run_dir: Path) -> RunMeasures:
     train = scalars.get("train/loss")
     return RunMeasures(
         name=run_name(run_dir, meta), run_dir=str(run_dir),
-        model=meta["model_config"], val_loss=nats / tokens,
-        bits_per_byte=nats / max(n_bytes, 1) / math.log(2),
-        scored_tokens=tokens, scored_bytes=n_bytes, grad_norms=grad_norms,
+        run=read_record(run_dir, nats / tokens, nats / max(n_bytes, 1) / math.log(2)),
+        model=meta["model_config"], scored_tokens=tokens, scored_bytes=n_bytes, grad_norms=grad_norms,
         attn_entropy=attention_entropy(model, batches[0][0]), prompt=tokenizer.decode(prompt),
         greedy=tokenizer.decode(greedy), sample=tokenizer.decode(sample),
         train_loss=train[1][-1] if train else None,
         curves={tag: [list(s), list(v)] for tag, (s, v) in scalars.items()
                 if tag in ("train/loss", "val/loss")},
-        train_seconds=_wall_span(run_dir / "tb"),
     )
 
 
@@ -194,15 +192,3 @@ def _prepared(meta: dict, run_dir: Path) -> PreparedData:
         raise UserError(f"the prepared data of {run_dir} ({folder}) is gone; prepare it again with the run's "
                         "data and tokenizer settings (scripts/prepare_data.py), then rerun the report")
     return load_prepared(folder)
-
-
-def _wall_span(event_dir: Path) -> float | None:
-    """Seconds from the first to the last event the run wrote (its training time, evaluation included)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    if not any(Path(event_dir).glob(EVENT_GLOB)):
-        return None
-    acc = EventAccumulator(str(event_dir), size_guidance={"scalars": 0})
-    acc.Reload()
-    times = [e.wall_time for tag in acc.Tags()["scalars"] for e in acc.Scalars(tag)]
-    return max(times) - min(times) if times else None

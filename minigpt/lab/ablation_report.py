@@ -1,29 +1,31 @@
 """The ablation lab's report: a table, one paragraph per row, and a figure, from measured runs.
 
-`write_report(sweep_dir)` measures every run of a lab sweep (ablation.py) and writes, into the sweep
-folder, `ablation.json` (every number), `ablation.md` (the table and the paragraphs) and `ablation.png`
-(loss curves, per-layer gradient norms, per-layer attention entropy). With `readme=` (docs/ablation.md)
-it also copies the JSON and the figure to docs/ and rewrites that file's block between the two `ablation`
-markers, which is `render_block(docs/ablation.json)` exactly (a test checks it), so its numbers are never
-typed.
+`write_report(sweep_dir)` measures every run of a lab sweep (ablation.py: each file of the lab x each seed)
+and writes, into the sweep folder, `ablation.json` (every number of every run), `ablation.md` (the table and
+the paragraphs) and `ablation.png` (loss curves, per-layer gradient norms, per-layer attention entropy). With
+`doc=` (docs/ablation.md) it also copies the JSON and the figure beside that file and rewrites its block
+between the two `ablation` markers, which is `render_block(docs/ablation.json)` exactly (a test checks it), so
+the documented numbers are never typed.
 
-Each row's paragraph says what the design claims for the piece the run removes (`ROWS`, written once) and
-what this run measured (generated from the numbers, against the baseline).
+A row is one file of the lab over its seeds: the mean ± 95% interval of the val loss, and the paired
+comparison with the baseline run of the same seed (same data order, same initial weights where the shapes
+agree) with its p-value; a row within noise of the baseline says so (`stats.py`). Each row's paragraph says
+what the design claims for the piece the run removes (`ROWS`, written once) and what the runs measured
+(generated from the numbers, against the baseline).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import math
 import re
 import shutil
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from matplotlib.figure import Figure
 
-from minigpt.data.encode import cpu_count
 from minigpt.errors import UserError
 from minigpt.inspect.plotting import new_figure, save_png
 from minigpt.lab.ablation import (
@@ -35,10 +37,13 @@ from minigpt.lab.ablation import (
     reference_losses,
     run_name,
 )
+from minigpt.lab.runs import budget_unit, machines, per_seed, replace_block
+from minigpt.lab.stats import ALPHA, Interval, Paired, mean_interval, paired_comparison
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
 BASELINE = "baseline"
 CONTINUATION_CHARS = 40  # continuations are cut to this many characters in the table
+SPREAD_RATIO = 4.0  # a row whose interval is this many times the baseline's says its seeds disagree
 
 
 @dataclass(frozen=True)
@@ -127,115 +132,201 @@ ROWS = {
 }
 
 
-def write_report(sweep_dir: Path, readme: Path | None = None, docs_dir: Path = Path("docs")) -> list[Path]:
-    """Measure the sweep's runs and write the report files; returns the paths written. `readme`: the
-    Markdown file whose block to rewrite (docs/ablation.md)."""
+def write_report(sweep_dir: Path, doc: Path | None = None) -> list[Path]:
+    """Measure the sweep's runs and write the report files; returns the paths written."""
     sweep_dir = Path(sweep_dir)
-    if readme is not None:
-        replace_block(readme.read_text(), "")  # markers missing: refuse before measuring or writing
+    if doc is not None:  # refuse before measuring or writing
+        if not doc.is_file():
+            raise UserError(f"doc={doc} does not exist (the file that holds the ablation report)")
+        with_block(doc.read_text(), "", str(doc))
     runs = find_lab_runs(sweep_dir)
     if run_name(runs[0]) != BASELINE:
         raise UserError(f"{sweep_dir} has no baseline run first (found {run_name(runs[0])!r}); run the lab "
-                        "with `make ablation`, which trains experiment=ablation/baseline as job 0")
+                        "with `make ablation`, which trains experiment=ablation/baseline first")
     results = [measure_run(run) for run in runs]
-    doc = {"machine": f"{cpu_count()} CPU cores, torch {torch.__version__}", "sweep": str(sweep_dir),
-           "references": reference_losses(runs[0]),
-           "runs": [r.to_dict() for r in results]}
+    report = {"sweep": str(sweep_dir), "references": reference_losses(runs[0]),
+              "runs": [r.to_dict() for r in results]}
     json_path = sweep_dir / "ablation.json"
-    json_path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
-    png = save_png(lab_figure(results), sweep_dir / "ablation.png")
+    json_path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    png = save_png(lab_figure(lab_rows(results)), sweep_dir / "ablation.png")
     md = sweep_dir / "ablation.md"
-    md.write_text(render_block(doc, figure=png.name) + "\n")
+    md.write_text(render_block(report, figure=png.name) + "\n")
     written = [json_path, png, md]
-    if readme is not None:
-        docs_dir.mkdir(parents=True, exist_ok=True)
-        written += [Path(shutil.copy(json_path, docs_dir / "ablation.json")),
-                    Path(shutil.copy(png, docs_dir / "ablation.png"))]
-        # the figure's path as the Markdown file sees it: `ablation.png` from docs/ablation.md
-        figure = Path(os.path.relpath(docs_dir / "ablation.png", readme.parent)).as_posix()
-        readme.write_text(replace_block(readme.read_text(), render_block(doc, figure=figure)))
-        written.append(readme)
+    if doc is not None:
+        folder = doc.parent
+        written += [Path(shutil.copy(json_path, folder / "ablation.json")),
+                    Path(shutil.copy(png, folder / "ablation.png"))]
+        doc.write_text(with_block(doc.read_text(), render_block(report, figure="ablation.png"), str(doc)))
+        written.append(doc)
     return written
 
 
-def render_block(doc: dict, figure: str) -> str:
+@dataclass
+class LabRow:
+    """One file of the lab over its seeds, measured against the baseline's runs of the same seeds."""
+
+    name: str
+    runs: list[RunMeasures]  # in job order: the first seed first
+    loss: Interval  # val loss, nats/token
+    bpb: Interval
+    versus: Paired | None  # val loss against the baseline; None for the baseline itself
+
+    def mean_of(self, field: str) -> float | None:
+        values = [getattr(r, field) for r in self.runs if getattr(r, field) is not None]
+        return sum(values) / len(values) if values else None
+
+    def layer_means(self, field: str) -> list[float]:
+        """Per layer, the mean over the seeds of `field`: arithmetic for attn_entropy, geometric for
+        grad_norms, which span orders of magnitude from seed to seed where a path is cut (1e-8 and 1e-2
+        average to 5e-3, a value no seed had; their geometric mean 5e-6 is the typical size)."""
+        layers = zip(*(getattr(r, field) for r in self.runs), strict=True)
+        if field == "grad_norms":
+            return [statistics.geometric_mean(max(v, 1e-300) for v in values) for values in layers]
+        return [sum(values) / len(values) for values in layers]
+
+
+def lab_rows(runs: list[RunMeasures]) -> list[LabRow]:
+    """The runs grouped by their lab file, in the order the sweep trained them (the baseline first)."""
+    groups: dict[str, list[RunMeasures]] = {}
+    for r in runs:
+        groups.setdefault(r.name, []).append(r)
+    records = {name: [r.run for r in group] for name, group in groups.items()}
+    base = per_seed(records[BASELINE], "val_loss")
+    rows = []
+    for name, group in groups.items():
+        losses = per_seed(records[name], "val_loss")
+        versus = None if name == BASELINE else paired_comparison(losses, base)
+        rows.append(LabRow(name, group, mean_interval(list(losses.values())),
+                           mean_interval(list(per_seed(records[name], "bits_per_byte").values())), versus))
+    return rows
+
+
+def render_block(report: dict, figure: str) -> str:
     """The Markdown of the report: provenance, figure, table, one paragraph per row."""
-    runs = [RunMeasures.from_dict(r) for r in doc["runs"]]
-    base = runs[0]
-    seconds = sum(r.train_seconds or 0.0 for r in runs)
-    steps = int(max(base.curves.get("val/loss", [[0]])[0]))
-    ref = doc["references"]
+    runs = [RunMeasures.from_dict(r) for r in report["runs"]]
+    rows = lab_rows(runs)
+    base = rows[0].runs[0]
+    seeds = sorted({r.run.seed for r in runs})
+    seconds = sum(r.run.train_seconds for r in runs)
+    ref = report["references"]
     lines = [
-        f"{len(runs)} runs of {steps} steps each on the same data, seed and budget, measured on "
-        f"{doc['machine']}; training took {seconds / 60:.1f} min in all. Numbers: the final checkpoint of "
-        f"each run on the same {base.scored_tokens:,} validation tokens ({base.scored_bytes:,} bytes), in "
-        f"eval mode (causal). On them a uniform guess scores ln V = {ref['uniform']:.2f} nats/token and the "
-        f"train split's unigram frequencies, which ignore the input, {ref['unigram']:.2f}. Continuations "
-        f"start from the first {PROMPT_TOKENS} validation tokens, {_md_text(base.prompt, limit=200)}.",
+        f"{len(rows)} configs x {len(seeds)} seeds ({', '.join(map(str, seeds))}): {len(runs)} runs on the "
+        f"same data, each with a budget of {budget_unit(base.run.budget)} ({base.run.steps} steps of "
+        f"{base.run.tokens // max(base.run.steps, 1):,} tokens for the baseline), measured on "
+        f"{machines([r.run for r in runs])}; the runs' training time adds up to {seconds / 60:.1f} min. "
+        "Numbers: the final "
+        f"checkpoint of each run on the same {base.scored_tokens:,} validation tokens "
+        f"({base.scored_bytes:,} bytes), in eval mode (causal); mean ± 95% interval over the seeds (Student "
+        "t); Δ: the mean difference of val loss from the baseline run of the same seed, ± its 95% interval, "
+        f"with the two-sided p-value of the paired t-test (*noise*: p ≥ {ALPHA}, not distinguishable from "
+        "the baseline); the other columns: means over the seeds (geometric for gradient norms). On these "
+        "tokens a uniform guess scores "
+        f"ln V = {ref['uniform']:.2f} nats/token and the train split's unigram frequencies, which ignore the "
+        f"input, {ref['unigram']:.2f}. Continuations (of the first seed's run) start from the first "
+        f"{PROMPT_TOKENS} validation tokens, {_md_text(base.prompt, limit=200)}.",
         "", f"![the ablation lab: loss curves, gradient norms and attention entropy per layer]({figure})", "",
-        *render_table(runs), "",
+        *render_table(rows), "",
     ]
-    for run in runs:
-        lines += [render_paragraph(run, base, ref), ""]
+    for row in rows:
+        lines += [render_paragraph(row, rows[0], ref), ""]
     return "\n".join(lines).rstrip()
 
 
-def render_table(runs: list[RunMeasures]) -> list[str]:
-    base = runs[0]
-    head = ["run", "change", "val loss", "bits/byte", "last train loss", "grad norm per layer",
-            "attention entropy per layer", "greedy continuation", "sampled (T=0.8)"]
+def render_table(rows: list[LabRow]) -> list[str]:
+    base = rows[0].runs[0]
+    head = ["run", "change", "seeds", "val loss", "Δ vs baseline", "p", "bits/byte", "last train loss",
+            "grad norm per layer", "attention entropy per layer", "greedy continuation", "sampled (T=0.8)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in runs:
-        change = ", ".join(f"`{k}={_yaml(v)}`" for k, v in changed_fields(r.model, base.model).items()) or "-"
-        cells = [r.name, change, f"{r.val_loss:.3f}", f"{r.bits_per_byte:.3f}", _num(r.train_loss),
-                 " / ".join(f"{g:.3g}" for g in r.grad_norms), " / ".join(f"{h:.2f}" for h in r.attn_entropy),
-                 _md_text(r.greedy), _md_text(r.sample)]
+    for row in rows:
+        first = row.runs[0]
+        changed = changed_fields(first.model, base.model)
+        change = ", ".join(f"`{k}={_yaml(v)}`" for k, v in changed.items()) or "-"
+        cells = [row.name, change, str(len(row.runs)), row.loss.text(), *_versus_cells(row.versus),
+                 row.bpb.text(), _num(row.mean_of("train_loss")),
+                 " / ".join(f"{g:.3g}" for g in row.layer_means("grad_norms")),
+                 " / ".join(f"{h:.2f}" for h in row.layer_means("attn_entropy")),
+                 _md_text(first.greedy), _md_text(first.sample)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def render_paragraph(run: RunMeasures, base: RunMeasures, ref: dict[str, float]) -> str:
-    row = ROWS.get(run.name, Row(run.name, "(no prediction recorded for this run)"))
-    text = f"**{row.title}.** "
-    text += f"The claim: {row.predicts} " if run.name != BASELINE else f"Has {row.predicts} "
-    if run.name == BASELINE:
-        return text + f"It reaches {run.val_loss:.2f} nats/token ({run.bits_per_byte:.2f} bits/byte)."
-    d = run.val_loss - base.val_loss
-    side = "above" if d >= 0 else "below"
-    text += (f"The run: val loss {run.val_loss:.2f} nats/token, {abs(d):.2f} {side} the baseline's "
-             f"{base.val_loss:.2f} ({run.bits_per_byte:.2f} vs {base.bits_per_byte:.2f} bits/byte)")
-    if run.val_loss > ref["uniform"] - 0.05:
+def _versus_cells(versus: Paired | None) -> list[str]:
+    if versus is None:
+        return ["-", "-"]
+    noise = " (noise)" if versus.within_noise() else ""
+    p = "-" if math.isnan(versus.p_value) else f"{versus.p_value:.2g}"
+    return [versus.difference.text(signed=True) + noise, p]
+
+
+def render_paragraph(row: LabRow, base: LabRow, ref: dict[str, float]) -> str:
+    spec = ROWS.get(row.name, Row(row.name, "(no prediction recorded for this run)"))
+    text = f"**{spec.title}.** "
+    text += f"The claim: {spec.predicts} " if row.name != BASELINE else f"Has {spec.predicts} "
+    if row.versus is None:
+        seeds = f"{len(row.runs)} seed" + ("s" if len(row.runs) != 1 else "")
+        return text + f"It reaches {row.loss.text(2)} nats/token ({row.bpb.text(2)} bits/byte) over {seeds}."
+    d, p = row.versus.difference, row.versus.p_value
+    side = "above" if d.mean >= 0 else "below"
+    p_text = "no p-value" if math.isnan(p) else f"p = {p:.2g}"
+    if row.versus.within_noise():
+        text += (f"The runs: val loss {row.loss.text(2)} nats/token, within noise of the baseline's "
+                 f"{base.loss.mean:.2f} (Δ {d.text(2, signed=True)}, {p_text})")
+    else:
+        text += (f"The runs: val loss {row.loss.text(2)} nats/token, {abs(d.mean):.2f} {side} the baseline's "
+                 f"{base.loss.mean:.2f} (Δ {d.text(2, signed=True)}, {p_text})")
+    text += f"; {row.bpb.mean:.2f} vs {base.bpb.mean:.2f} bits/byte"
+    if row.loss.mean > ref["uniform"] - 0.05:
         text += ", no better than a uniform guess"
-    elif abs(run.val_loss - ref["unigram"]) < 0.1:
+    elif abs(row.loss.mean - ref["unigram"]) < 0.1:
         text += ", the unigram frequencies' loss: the model ignores its input"
-    if "train" in row.focus and run.train_loss is not None and base.train_loss is not None:
-        text += f"; last training loss {run.train_loss:.2f} (baseline {base.train_loss:.2f})"
-    if "entropy" in row.focus:
-        text += (f"; attention entropy {_mean(run.attn_entropy):.2f} nats "
-                 f"(baseline {_mean(base.attn_entropy):.2f})")
-    if "grads" in row.focus:
-        text += (f"; gradient norm of the first / last layer {run.grad_norms[0]:.3g} / "
-                 f"{run.grad_norms[-1]:.3g} (baseline {base.grad_norms[0]:.3g} / {base.grad_norms[-1]:.3g})")
-    if "greedy" in row.focus:
-        text += f"; greedy continuation: {_md_text(run.greedy)}"
+    if row.loss.half_width > SPREAD_RATIO * base.loss.half_width:
+        text += (f"; its seeds disagree far more than the baseline's (± {row.loss.half_width:.2f} against "
+                 f"± {base.loss.half_width:.2f}: {', '.join(f'{r.val_loss:.2f}' for r in row.runs)})")
+    text += _focus(spec.focus, row, base)
     text += "."
-    return text + (f" {row.explains}" if row.explains else "")
+    return text + (f" {spec.explains}" if spec.explains else "")
 
 
-def lab_figure(runs: list[RunMeasures]) -> Figure:
-    """2 x 2: training loss and validation loss against the step; gradient norm and attention entropy
-    against the layer. The baseline is drawn in black, thicker."""
+def _focus(focus: tuple[str, ...], row: LabRow, base: LabRow) -> str:
+    """The measurements the row's prediction is about, beside the baseline's (means over the seeds)."""
+    text = ""
+    train, base_train = row.mean_of("train_loss"), base.mean_of("train_loss")
+    if "train" in focus and train is not None and base_train is not None:
+        text += f"; last training loss {train:.2f} (baseline {base_train:.2f})"
+    if "entropy" in focus:
+        text += (f"; attention entropy {_mean(row.layer_means('attn_entropy')):.2f} nats "
+                 f"(baseline {_mean(base.layer_means('attn_entropy')):.2f})")
+    if "grads" in focus:
+        g, b = row.layer_means("grad_norms"), base.layer_means("grad_norms")
+        text += (f"; gradient norm of the first / last layer {g[0]:.3g} / {g[-1]:.3g} (baseline "
+                 f"{b[0]:.3g} / {b[-1]:.3g})")
+    if "greedy" in focus:
+        text += f"; greedy continuation: {_md_text(row.runs[0].greedy)}"
+    return text
+
+
+def lab_figure(rows: list[LabRow]) -> Figure:
+    """2 x 2: training loss and validation loss against the step (every seed, one colour per row); gradient
+    norm and attention entropy against the layer (`layer_means` over the seeds, bars from the lowest to the
+    highest).
+    The baseline is drawn in black, thicker."""
     fig = new_figure(13, 8.5)
     (ax_train, ax_val), (ax_grad, ax_ent) = fig.subplots(2, 2)
-    for i, r in enumerate(runs):
-        style = {"color": "black", "lw": 2.4} if r.name == BASELINE else {"color": f"C{i % 10}", "lw": 1.4}
-        if "train/loss" in r.curves:
-            ax_train.plot(*r.curves["train/loss"], label=r.name, **style)
-        if "val/loss" in r.curves:
-            ax_val.plot(*r.curves["val/loss"], marker="o", ms=3, **style)
-        layers = range(len(r.grad_norms))
-        ax_grad.semilogy(layers, r.grad_norms, marker="o", **style)
-        ax_ent.plot(layers, r.attn_entropy, marker="o", **style)
+    for i, row in enumerate(rows):
+        style = {"color": "black", "lw": 2.4} if row.name == BASELINE else {"color": f"C{i % 10}", "lw": 1.4}
+        for k, r in enumerate(row.runs):
+            label = row.name if k == 0 else None
+            if "train/loss" in r.curves:
+                ax_train.plot(*r.curves["train/loss"], label=label, alpha=0.8, **style)
+            if "val/loss" in r.curves:
+                ax_val.plot(*r.curves["val/loss"], marker="o", ms=3, alpha=0.8, **style)
+        for ax, field in ((ax_grad, "grad_norms"), (ax_ent, "attn_entropy")):
+            per_layer = list(zip(*(getattr(r, field) for r in row.runs), strict=True))
+            means = row.layer_means(field)
+            spread = [[m - min(v) for m, v in zip(means, per_layer, strict=True)],
+                      [max(v) - m for m, v in zip(means, per_layer, strict=True)]]
+            ax.errorbar(range(len(means)), means, yerr=spread, marker="o", capsize=3, **style)
+    ax_grad.set_yscale("log")
     ax_train.set(title="training loss (training mode: no_causal_mask sees the next token)",
                  xlabel="optimizer step", ylabel="nats/token")
     ax_val.set(title="validation loss (eval mode, causal)", xlabel="optimizer step", ylabel="nats/token")
@@ -244,25 +335,21 @@ def lab_figure(runs: list[RunMeasures]) -> Figure:
     ax_ent.set(title="attention entropy per block (mean over heads and queries)", xlabel="layer",
                ylabel="nats")
     for ax in (ax_grad, ax_ent):
-        ax.set_xticks(range(len(runs[0].grad_norms)))
+        ax.set_xticks(range(len(rows[0].runs[0].grad_norms)))
     for ax in (ax_train, ax_val, ax_grad, ax_ent):
         ax.grid(alpha=0.3)
     ax_train.legend(fontsize=8, ncols=2)
     return fig
 
 
-def replace_block(text: str, block: str) -> str:
-    """`text` with everything between the BEGIN and END markers replaced by `block`."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise UserError(f"the report's Markdown file needs exactly one {BEGIN} ... {END} pair to put the "
-                        "ablation report in")
-    head, rest = text.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+def with_block(text: str, block: str, name: str) -> str:
+    """`text` with everything between the BEGIN and END markers replaced by `block`; refused, naming the
+    file `name`, when the markers are missing."""
+    return replace_block(text, BEGIN, END, f"{BEGIN}\n{block}\n{END}", name)
 
 
-def readme_block(text: str) -> str:
-    """The text between the markers (what `replace_block` wrote)."""
+def doc_block(text: str) -> str:
+    """The text between the markers (what `with_block` wrote)."""
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 

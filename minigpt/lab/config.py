@@ -5,6 +5,9 @@
     PEPlotsConfig        scripts/pe_plots.py        configs/pe_plots.yaml        lab/pe_plots.py
     LossCurvesConfig     scripts/loss_curves.py     configs/loss_curves.yaml     lab/loss_curves.py
     BenchConfig          scripts/bench.py           configs/bench.yaml           lab/bench/
+    SpeedrunConfig       scripts/speedrun.py        configs/speedrun.yaml        lab/speedrun.py
+    AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
+    ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
 """
 
 from __future__ import annotations
@@ -105,3 +108,32 @@ class BenchConfig:
             raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"device={self.device!r} is not one of: auto, cpu, cuda")
+
+
+@dataclass
+class SpeedrunConfig:
+    """Root of `configs/speedrun.yaml` (`scripts/speedrun.py`): the report on a `make speedrun` sweep."""
+
+    sweep: str | None = None  # the multirun folder of `make speedrun`; None: the newest in outputs/speedrun
+    docs: bool = False  # also merge the rows into `results` and rewrite the table in `doc`
+    render: bool = False  # score nothing: rewrite the table in `doc` from `results` alone
+    results: str = "docs/speedrun.json"
+    doc: str = "docs/speedrun.md"  # the file holding the table between its speedrun markers
+
+
+@dataclass
+class AblationReportConfig:
+    """Root of `configs/ablation_report.yaml` (`scripts/ablation_report.py`): the report on a lab sweep."""
+
+    sweep: str | None = None  # the multirun folder of `make ablation`; None: the newest in outputs/ablation
+    docs: bool = False  # also copy the JSON and the figure beside `doc` and rewrite its block
+    doc: str = "docs/ablation.md"  # the file holding the report between its ablation markers
+
+
+@dataclass
+class ScalingConfig:
+    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): the fit and check of a `make scaling` ladder."""
+
+    sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
+    docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
+    doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers

@@ -1,154 +1,166 @@
-"""The CPU speedrun: which config learns the most in a fixed budget of training time.
+"""The CPU speedrun: which config learns the most for the same compute, and is the difference real?
 
-`scripts/speedrun.py` runs a Hydra multirun of `scripts/train.py` over candidate configs, every job with the
-same `trainer.max_time` and no step limit, scores each finished run on the whole validation split, adds the
-rows to a results JSON (docs/speedrun.json) and renders them as the table between two markers in
-docs/speedrun.md. The table is never typed: a test checks that docs/speedrun.md shows what the JSON
-renders to.
+`make speedrun SEEDS=3` trains every config of `configs/experiment/speedrun/` (the default run first: the
+baseline) with seeds 1337, 1338, ... as one Hydra multirun of `scripts/train.py`, every job with the same
+budget of model FLOPs (`trainer.max_flops`, set in `speedrun/default.yaml`). FLOPs are counted, not timed, so
+a busy machine changes how long the sweep takes, not what it measures. `scripts/speedrun.py sweep=<folder>`
+then scores every job on the whole val split and writes one row per run (`runs.RunRecord`) into the sweep's
+speedrun.json and speedrun.md; with `docs=true` it also merges the rows into docs/speedrun.json and rewrites
+the table in docs/speedrun.md between two markers. The table is never typed: a test checks that the doc
+shows what the JSON renders to.
+
+Each line of the table is one config over its seeds: the mean ± a 95% interval of val loss and bits per byte,
+and the paired comparison with the baseline config (same seeds: the same batches in the same order) with
+its p-value; lines within noise of the baseline say so (`stats.py`).
 
 Scoring is exactly `scripts/evaluate.py stride=<block_size>`: every val token once, in disjoint windows of
 the model's context, with its loss and bits per byte (`inspect/perplexity.py`: nats / ln 2 per UTF-8 byte of
-the scored text), which compares tokenizers fairly (a bigger vocabulary makes fewer, harder tokens).
+the scored text). The comparison is in bits per byte, which is fair across tokenizers (a bigger vocabulary
+makes fewer, harder tokens) and, for one tokenizer, the loss scaled by a constant.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import resolve_checkpoint
-from minigpt.data.encode import cpu_count
 from minigpt.device.config import InferenceDeviceConfig
-from minigpt.device.probe import cpu_model
 from minigpt.errors import UserError
 from minigpt.inspect.config import EvaluateConfig
 from minigpt.inspect.perplexity import evaluate
+from minigpt.lab.runs import (
+    ConfigSummary,
+    RunRecord,
+    budget_unit,
+    machines,
+    read_record,
+    replace_block,
+    summarize,
+    sweep_jobs,
+)
+from minigpt.lab.stats import ALPHA
 
 BEGIN, END = "<!-- speedrun:begin -->", "<!-- speedrun:end -->"
-NO_STEP_LIMIT = "trainer.max_steps=null"  # the budget alone ends each run
+METRIC = "bits_per_byte"  # what the lines are compared on
 
 
-@dataclasses.dataclass
-class Row:
-    """One finished run of the sweep, scored."""
-
-    config: str  # the job's own overrides, without the budget's ("default": none)
-    budget: str  # trainer.max_time
-    val_loss: float  # nats per token, whole val split, stride = block
-    bits_per_byte: float
-    steps: int
-    tokens: int  # training tokens seen
-    tokens_per_s: float  # over the training time alone
-    train_seconds: float
-    command: str  # the training command that reproduces the run
-    machine: str
-    date: str
-
-
-def sweep_command(overrides: list[str], budget: str, sweep_dir: Path) -> list[str]:
-    """`python scripts/train.py -m <overrides> trainer.max_time=<budget> trainer.max_steps=null ...`."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "train.py"
-    return [sys.executable, str(script), "-m", *overrides, f"trainer.max_time={budget}", NO_STEP_LIMIT,
-            f"hydra.sweep.dir={sweep_dir}"]
-
-
-def run_sweep(overrides: list[str], budget: str, sweep_dir: Path) -> list[Path]:
-    """Run the multirun (its output goes to this terminal) and return its job folders in job order."""
-    command = sweep_command(overrides, budget, sweep_dir)
-    print("$ " + " ".join(map(shlex.quote, command[1:])), file=sys.stderr, flush=True)
-    code = subprocess.run(command).returncode
-    if code != 0:
-        raise UserError(f"the sweep stopped with exit code {code} (its message is above); nothing was scored")
-    jobs = sorted((p for p in sweep_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-    if not jobs:
-        raise UserError(f"the sweep wrote no job folders under {sweep_dir}")
-    return jobs
-
-
-def score_run(run: Path, budget: str) -> Row:
-    """Evaluate a finished run on its whole val split and describe it as a table row."""
+def score_run(run: Path) -> RunRecord:
+    """Evaluate a finished run on its whole val split and describe it as a row."""
     meta = ckpt.read_meta(resolve_checkpoint(run))
     block = meta["model_config"]["block_size"]
     cfg = EvaluateConfig(checkpoint=str(run), stride=block, device=InferenceDeviceConfig("cpu"))
     result, _ = evaluate(cfg)
-    overrides = _job_overrides(run)
-    own = [o for o in overrides if not o.startswith("trainer.max_time=") and o != NO_STEP_LIMIT]
-    seconds = meta.get("train_seconds") or 0.0
-    return Row(
-        config=" ".join(own) or "default", budget=budget, val_loss=result.loss,
-        bits_per_byte=result.bpb,
-        steps=meta["step"], tokens=meta["tokens_seen"], tokens_per_s=meta["tokens_seen"] / max(seconds, 1e-9),
-        train_seconds=seconds, command=" ".join(["python scripts/train.py", *map(shlex.quote, overrides)]),
-        machine=machine_name(), date=datetime.date.today().isoformat(),
-    )  # fmt: skip
-
-
-def _job_overrides(run: Path) -> list[str]:
-    """The overrides Hydra recorded for this job (`.hydra/overrides.yaml`, a YAML list of strings)."""
-    from omegaconf import OmegaConf
-
-    path = run / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        raise UserError(f"{run} has no .hydra/overrides.yaml: is it a run folder of scripts/train.py?")
-    return [str(o) for o in OmegaConf.load(path)]
-
-
-def machine_name() -> str:
-    """`AMD EPYC 7763 64-Core Processor, 2 cores, torch 2.13.0`: what the throughput numbers depend on."""
-    import torch
-
-    return f"{cpu_model()}, {cpu_count()} cores, torch {torch.__version__}"
+    return read_record(run, result.loss, result.bpb)
 
 
 # ---------------------------------------------------------------------------------------------- results
 
 
+def new_results(rows: list[RunRecord]) -> dict:
+    """A results file for one sweep: its rows, compared with the config of its first job."""
+    if not rows:
+        raise UserError("no runs to tabulate")
+    return {"baseline": rows[0].config, "rows": [dataclasses.asdict(r) for r in rows]}
+
+
 def load_results(path: Path) -> dict:
-    """The results JSON, or an empty one if it does not exist yet."""
+    """The results JSON (`{"baseline": config, "rows": [...]}`), or an empty one if it does not exist yet."""
     if not path.exists():
-        return {"rows": []}
+        return {"baseline": None, "rows": []}
     try:
         results = json.loads(path.read_text())
-        [Row(**r) for r in results["rows"]]  # every row has exactly the fields of Row
+        [RunRecord(**r) for r in results["rows"]]  # every row has exactly the fields of RunRecord
+        results.setdefault("baseline", None)
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError(f"{path} is not a speedrun results file ({e}); fix it or pass --fresh") from None
+        raise UserError(f"{path} is not a speedrun results file ({e}); fix it, or move it away to start "
+                        "a new one") from None
     return results
 
 
-def merge(results: dict, rows: list[Row]) -> dict:
-    """`results` with `rows` added; a row with the same command replaces the old one. Best loss first."""
-    by_command = {r["command"]: r for r in results["rows"]}
-    by_command.update({r.command: dataclasses.asdict(r) for r in rows})
-    return {"rows": sorted(by_command.values(), key=lambda r: (r["val_loss"], r["command"]))}
+def merge(results: dict, new: dict) -> dict:
+    """`results` with the rows of `new` added: a rerun (same config, budget, seed and machine) replaces the
+    old row. The baseline stays the one `results` had, if any."""
+    rows = {RunRecord(**r).key: r for r in results["rows"]}
+    rows.update({RunRecord(**r).key: r for r in new["rows"]})
+    return {"baseline": results.get("baseline") or new["baseline"], "rows": list(rows.values())}
+
+
+def ordered(summaries: list[ConfigSummary], baseline: str) -> list[ConfigSummary]:
+    """Budget by budget (as first seen), the baseline first, then best mean first."""
+    budgets = list(dict.fromkeys(s.budget for s in summaries))
+    return sorted(summaries, key=lambda s: (budgets.index(s.budget), s.config != baseline, s.mean(METRIC)))
 
 
 def render_table(results: dict) -> str:
-    """The docs/speedrun.md block, markers included: one line per run, best first, and how it was measured."""
-    rows = [Row(**r) for r in results["rows"]]
+    """The doc's block, markers included: one line per config and budget, and how it was measured."""
+    rows = [RunRecord(**r) for r in results["rows"]]
+    baseline = results["baseline"]
+    head = ["config", "budget", "seeds", "val loss (nats/token)", "bits per byte", "vs baseline (bits/byte)",
+            "p", "steps", "tokens", "tokens/s"]
     lines = [BEGIN, "<!-- written by scripts/speedrun.py from docs/speedrun.json; do not edit by hand -->",
-             "", "| config | budget | val loss (nats/token) | bits per byte | steps | tokens/s | command |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        cells = [f"`{r.config}`", r.budget, f"{r.val_loss:.3f}", f"{r.bits_per_byte:.3f}", f"{r.steps:,}",
-                 f"{r.tokens_per_s:,.0f}", f"`{r.command}`"]
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in ordered(summarize(rows, baseline, METRIC), baseline):
+        name = f"`{s.config}`" + (" (baseline)" if s.config == baseline else "")
+        cells = [name, budget_unit(s.budget), str(len(s.seeds)), s.interval("val_loss").text(),
+                 s.interval(METRIC).text(), *versus_cells(s), f"{s.mean('steps'):,.0f}",
+                 f"{s.mean('tokens'):,.0f}", f"{s.mean('tokens_per_s'):,.0f}"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    where = "; ".join(dict.fromkeys(f"{r.machine} ({r.date})" for r in rows)) or "no runs yet"
-    lines += ["", f"Measured on: {where}. Val loss: the whole val split, every token once in disjoint "
-              "windows of the model's context "
-              "(`python scripts/evaluate.py checkpoint=<run> stride=<block_size>`); "
-              "bits per byte: the same nats / ln 2 per UTF-8 byte of that text.", END]
+    seeds = sorted({r.seed for r in rows})
+    lines += ["", f"{footnote(seeds)} Measured on: {machines(rows)}.", END]
     return "\n".join(lines)
 
 
-def update_readme(text: str, table: str, name: str = "docs/speedrun.md") -> str:
+def versus_cells(s: ConfigSummary) -> list[str]:
+    """The comparison with the baseline: `+0.012 ± 0.020 (noise)` and the p-value, or blanks."""
+    if s.versus is None:
+        return ["-", "-"]
+    v = s.versus
+    noise = " (noise)" if v.within_noise() else ""
+    return [v.difference.text(signed=True) + noise, "-" if v.p_value != v.p_value else f"{v.p_value:.2g}"]
+
+
+def footnote(seeds: list[int]) -> str:
+    return (f"Mean ± 95% interval over the seeds ({', '.join(map(str, seeds))}; Student t). vs baseline: the "
+            "mean difference from the baseline run of the same seed ± its 95% interval, and the two-sided "
+            f"p-value of the paired t-test; *noise*: p ≥ {ALPHA}, not distinguishable from the baseline. Val "
+            "loss: the whole val split, every token once in disjoint windows of the model's context "
+            "(`python scripts/evaluate.py checkpoint=<run> stride=<block_size>`); bits per byte: the same "
+            "nats / ln 2 per UTF-8 byte of that text. Steps, tokens and tokens/s: means over the seeds; "
+            "tokens/s is the training steps' wall-clock rate, which depends on the machine and its load.")
+
+
+def update_doc(text: str, table: str, name: str) -> str:
     """`text` with the block between the markers replaced by `table`."""
-    start, end = text.find(BEGIN), text.find(END)
-    if start < 0 or end < start:
-        raise UserError(f"{name} has no {BEGIN} ... {END} block; put the two markers where the table goes")
-    return text[:start] + table + text[end + len(END):]
+    return replace_block(text, BEGIN, END, table, name)
+
+
+def write_report(sweep: Path | None, results_path: Path, doc: Path | None) -> tuple[list[Path], str]:
+    """Score `sweep`'s runs into its own speedrun.json and speedrun.md; with `doc`, also merge the rows into
+    `results_path` and rewrite the table in `doc`. `sweep` None: score nothing, rewrite `doc` from
+    `results_path`. Returns the paths written and the table. A missing doc, markers or a broken results
+    file are refused before anything is scored or written."""
+    if sweep is None and doc is None:
+        raise ValueError("nothing to score and nothing to render")
+    if doc is not None:
+        if not doc.is_file():
+            raise UserError(f"doc={doc} does not exist (the file that holds the speedrun table)")
+        text = doc.read_text(encoding="utf-8")
+        update_doc(text, "", doc.name)
+        results = load_results(results_path)
+    written: list[Path] = []
+    if sweep is not None:
+        new = new_results([score_run(job) for job in sweep_jobs(sweep, "make speedrun")])
+        (sweep / "speedrun.json").write_text(json.dumps(new, indent=2) + "\n")
+        (sweep / "speedrun.md").write_text(f"# Speedrun: {sweep}\n\n{render_table(new)}\n")
+        written += [sweep / "speedrun.json", sweep / "speedrun.md"]
+        if doc is None:
+            return written, render_table(new)
+        results = merge(results, new)
+        results_path.write_text(json.dumps(results, indent=2) + "\n")
+        written.append(results_path)
+    table = render_table(results)
+    doc.write_text(update_doc(text, table, doc.name), encoding="utf-8")
+    return [*written, doc], table

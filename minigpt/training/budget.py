@@ -1,17 +1,25 @@
 """How far along a run is: its budget (when it ends) and the clock and meter that measure it.
 
-**The budget.** A run ends after `trainer.max_steps` optimizer steps, after `trainer.max_time` of
-training, or at whichever of the two comes first when both are set.
+**The budget.** A run ends after `trainer.max_steps` optimizer steps, `trainer.max_time` of training,
+`trainer.max_tokens` training tokens, `trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`
+tokens per parameter, whichever of those that are set comes first. FLOPs are the model's own count per
+trained token (`GPT.flops_per_token`, the count MFU uses) times the tokens trained, so a FLOPs budget is a
+token budget scaled by the model's cost: a model twice as costly per token trains on half the tokens. Tokens
+per parameter scale the other way, with the model's size (its non-embedding parameters, `GPT.num_params`,
+the N of the 6N FLOPs per token): the budget of a scaling ladder, whose sizes all train at one ratio. All
+three are counted, not timed, so two runs with the same budget do the same work on any machine, busy or
+idle; that is what makes their losses comparable. Time is for "what can I get in 3 minutes on my machine".
 
 Training time is the throughput meter's clock (below): the steps themselves, with evaluation, samples
 and checkpoints paused out of it. So a `3min` budget buys 3 minutes of optimisation however often the run
 evaluates, and `tokens_per_s x max_time` is the number of tokens it trains on; the run's wall time is that
-plus its evaluations, checkpoints and data preparation. The time used is saved in every checkpoint, so a
-resumed run continues the remaining budget.
+plus its evaluations, checkpoints and data preparation. The steps, tokens and time used are saved in every
+checkpoint, so a resumed run continues the remaining budget, in any of its units.
 
-The budget is checked after every step: a time-budgeted run stops at the first step that ends at or past the
-budget, so its training time overshoots the budget by less than one step. No torch is imported here (the
-config validates `max_time` with `parse_duration`).
+The budget is checked after every step: a run stops at the first step that ends at or past one of its
+limits, so it overshoots a time, token or FLOPs budget by less than one step. `progress` is the share of the
+budget used, the larger over the limits that are set; the lr schedule follows it (`optim.LRSchedule`). No
+torch is imported here (the config validates `max_time` with `parse_duration`).
 
 **The meter.** Tokens per second and model-FLOPs utilisation of the training steps alone. Evaluation,
 sampling and checkpointing are not training work, so they run with the clock paused (`paused()`); the device
@@ -72,38 +80,105 @@ def format_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def format_count(n: float) -> str:
+    """`1.23e+12`: a FLOPs count (or a large token count) in three significant digits."""
+    return f"{n:.3g}" if abs(n) < 1e5 else f"{n:.2e}"
+
+
 @dataclass(frozen=True)
 class Budget:
-    """The run's end: `max_steps` steps and/or `max_seconds` of training time (at least one is set)."""
+    """The run's end: any of `max_steps`, `max_seconds` of training, `max_tokens`, `max_flops` (at least one).
 
-    max_steps: int | None
-    max_seconds: float | None
+    `tokens_per_step` (every rank's), `flops_per_token` and `params` (the model's, `GPT.flops_per_token` and
+    `GPT.num_params`) are the run's rates: they turn tokens into FLOPs, and the token, FLOPs and ratio limits
+    into the step the run will end at.
+    """
+
+    max_steps: int | None = None
+    max_seconds: float | None = None
+    max_tokens: int | None = None
+    max_flops: float | None = None
+    max_tokens_per_param: float | None = None
+    tokens_per_step: int = 1
+    flops_per_token: float = 0.0  # unknown: then no FLOPs limit can be set
+    params: int = 0  # unknown: then no tokens-per-parameter limit can be set
 
     def __post_init__(self) -> None:
-        if self.max_steps is None and self.max_seconds is None:
-            raise UserError("set trainer.max_steps or trainer.max_time (or both: the run ends at the first)")
+        limits = (self.max_steps, self.max_seconds, self.max_tokens, self.max_flops)
+        if all(v is None for v in (*limits, self.max_tokens_per_param)):
+            raise UserError("set a budget: trainer.max_steps, trainer.max_time, trainer.max_tokens, "
+                            "trainer.max_flops or trainer.max_tokens_per_param (with several, the run ends "
+                            "at the first)")
+        if self.max_flops is not None and not self.flops_per_token > 0:
+            raise ValueError("a FLOPs budget needs the model's flops_per_token")
+        if self.max_tokens_per_param is not None and not self.params > 0:
+            raise ValueError("a tokens-per-parameter budget needs the model's parameter count")
 
-    def done(self, step: int, seconds: float) -> bool:
-        """Whether the run has used its budget after `step` steps and `seconds` of training."""
-        if self.max_steps is not None and step >= self.max_steps:
-            return True
-        return self.max_seconds is not None and seconds >= self.max_seconds
+    def flops(self, tokens: int) -> float:
+        """Model FLOPs of training on `tokens` tokens."""
+        return tokens * self.flops_per_token
+
+    @property
+    def token_limit(self) -> float | None:
+        """The tokens the token, FLOPs and ratio limits allow (the smallest), or None when none is set."""
+        limits = []
+        if self.max_tokens is not None:
+            limits.append(float(self.max_tokens))
+        if self.max_flops is not None:
+            limits.append(self.max_flops / self.flops_per_token)
+        if self.max_tokens_per_param is not None:
+            limits.append(self.max_tokens_per_param * self.params)
+        return min(limits) if limits else None
+
+    def progress(self, step: int, seconds: float, tokens: int) -> float:
+        """The share of the budget used after `step` steps, `seconds` of training and `tokens` tokens: the
+        largest over the limits that are set (1 or more: the budget is used up)."""
+        shares = []
+        if self.max_steps is not None:
+            shares.append(step / self.max_steps)
+        if self.max_seconds is not None:
+            shares.append(seconds / self.max_seconds)
+        if self.token_limit is not None:
+            shares.append(tokens / self.token_limit)
+        return max(shares)
+
+    def done(self, step: int, seconds: float, tokens: int) -> bool:
+        """Whether the run has used its budget after `step` steps, `seconds` of training, `tokens` tokens."""
+        return self.progress(step, seconds, tokens) >= 1.0
+
+    def last_step(self, step: int, tokens: int) -> int | None:
+        """The step the step, token and FLOPs limits end the run at, from `step` with `tokens` seen (None
+        with a time budget alone: how many steps it buys depends on the machine)."""
+        ends = [] if self.max_steps is None else [self.max_steps]
+        if self.token_limit is not None:
+            ends.append(step + max(math.ceil((self.token_limit - tokens) / self.tokens_per_step), 0))
+        return min(ends) if ends else None
 
     def describe(self) -> str:
-        """What the log says the run will do, e.g. `400 steps` or `3:00 of training or 400 steps, ...`."""
-        steps = None if self.max_steps is None else f"{self.max_steps} steps"
-        time = None if self.max_seconds is None else f"{format_duration(self.max_seconds)} of training time"
-        if steps and time:
-            return f"{time} or {steps}, whichever comes first"
-        return steps or time  # type: ignore[return-value]
+        """What the log says the run will do: `400 steps`, `3:00 of training time or 400 steps, whichever
+        comes first`."""
+        parts = []
+        if self.max_seconds is not None:
+            parts.append(f"{format_duration(self.max_seconds)} of training time")
+        if self.max_flops is not None:
+            parts.append(f"{format_count(self.max_flops)} FLOPs")
+        if self.max_tokens is not None:
+            parts.append(f"{self.max_tokens:,} tokens")
+        if self.max_tokens_per_param is not None:
+            parts.append(f"{self.max_tokens_per_param:g} tokens per parameter "
+                         f"({self.max_tokens_per_param * self.params:,.0f} tokens)")
+        if self.max_steps is not None:
+            parts.append(f"{self.max_steps} steps")
+        return " or ".join(parts) + (", whichever comes first" if len(parts) > 1 else "")
 
-    def remaining(self, step: int, seconds: float, step_s: float) -> float:
+    def remaining(self, step: int, seconds: float, tokens: int, step_s: float) -> float:
         """Estimated training seconds left, with `step_s` the recent seconds per step."""
         left = math.inf
         if self.max_seconds is not None:
             left = self.max_seconds - seconds
-        if self.max_steps is not None:
-            left = min(left, (self.max_steps - step) * step_s)
+        last = self.last_step(step, tokens)
+        if last is not None:
+            left = min(left, (last - step) * step_s)
         return max(left, 0.0)
 
 

@@ -8,6 +8,7 @@ config is converted at start-up, before any tensor is allocated. No torch is imp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,10 +83,17 @@ class OptimConfig:
 class TrainerConfig:
     """The training loop (`training/trainer.py`). One step is one optimizer update."""
 
-    max_steps: int | None = 1500  # null: no step limit (then set max_time)
-    # A budget of training time, e.g. 90s, 3min, 1h (training/budget.py); with max_steps, the first one
-    # reached ends the run. Evaluation and checkpoints are not counted.
+    # The budget (training/budget.py): any of these five; with several, the first one reached ends the run.
+    max_steps: int | None = 1500  # null: no step limit (then set another one)
+    # Training time, e.g. 90s, 3min, 1h; evaluation and checkpoints are not counted. Depends on the machine.
     max_time: str | None = None
+    max_tokens: int | None = None  # training tokens over all ranks: the same work on any machine
+    # Model FLOPs (GPT.flops_per_token x tokens, the count MFU uses), e.g. 8e12: equal compute for models of
+    # different sizes, on any machine
+    max_flops: float | None = None
+    # Training tokens per non-embedding parameter (GPT.num_params): a budget that grows with the model, as a
+    # scaling ladder's sizes do
+    max_tokens_per_param: float | None = None
     batch_size: int = 8  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
@@ -119,10 +127,21 @@ class TrainerConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise UserError(f"trainer.{name}={value} must be at least 1")
-        if self.max_steps is None and self.max_time is None:
-            raise UserError("trainer.max_steps=null needs a time budget: set trainer.max_time (e.g. 3min)")
+        budgets = ("max_steps", "max_time", "max_tokens", "max_flops", "max_tokens_per_param")
+        if all(getattr(self, k) is None for k in budgets):
+            raise UserError("trainer.max_steps=null needs a time budget: set trainer.max_time (e.g. 3min), "
+                            "or a budget of work, the same on any machine: trainer.max_tokens, "
+                            "trainer.max_flops (e.g. 8e12) or trainer.max_tokens_per_param")
         if self.max_time is not None:
             parse_duration(self.max_time)  # a bad duration fails here, at start-up
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or self.max_tokens < 1):
+            raise UserError(f"trainer.max_tokens={self.max_tokens} must be at least 1 (or null)")
+        if self.max_flops is not None and not (0 < self.max_flops < math.inf):
+            raise UserError(f"trainer.max_flops={self.max_flops} must be positive, a number of FLOPs such as "
+                            "8e12 (or null)")
+        ratio = self.max_tokens_per_param
+        if ratio is not None and not (0 < ratio < math.inf):
+            raise UserError(f"trainer.max_tokens_per_param={ratio} must be positive, e.g. 1 or 20 (or null)")
         n = self.eval_tokens
         if n != "all" and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise UserError(f"trainer.eval_tokens={n!r} must be a number of tokens (at least 1) or all "

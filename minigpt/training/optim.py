@@ -1,6 +1,6 @@
 """AdamW with two parameter groups (or Muon for the blocks' matrices beside it, muon.py), and the
 learning-rate schedule: linear warmup, then a decay (cosine, or warmup-stable-decay) to a floor at the end of
-the run's budget of steps or of training time.
+the run's budget (steps, training time, tokens or FLOPs).
 
 This is the only place the schedule is defined: `lr_multiplier` is the formula, `LRSchedule` feeds it a run's
 progress through its budget and sets the result on the optimizer.
@@ -8,6 +8,7 @@ progress through its budget and sets the result on the optimizer.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from minigpt.errors import UserError
+from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW
 
@@ -108,11 +110,11 @@ def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: st
 
     Warmup counts steps (the first update is already non-zero, step warmup_steps - 1 reaches the peak): it
     keeps Adam's early, badly estimated second moments from taking huge steps, and those need updates, not
-    seconds. The decay follows the share of the budget used, steps or training time alike, and reaches the
-    floor exactly at its end. Multiplying the two keeps the curve continuous without knowing in advance when,
-    in seconds, warmup will end; for cosine the top is thereby a little below the peak (0.97 of it when warmup
-    takes 50 of 400 steps). wsd (warmup-stable-decay) holds the peak for as long as possible and cools down
-    only at the end, so a time budget's unknown step count costs it nothing.
+    seconds. The decay follows the share of the budget used, in steps, training time, tokens or FLOPs alike,
+    and reaches the floor exactly at its end. Multiplying the two keeps the curve continuous without knowing
+    in advance when, in seconds, warmup will end; for cosine the top is thereby a little below the peak (0.97
+    of it when warmup takes 50 of 400 steps). wsd (warmup-stable-decay) holds the peak for as long as
+    possible and cools down only at the end, so a time budget's unknown step count costs it nothing.
     """
     warm = 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
     p = min(max(progress, 0.0), 1.0)
@@ -128,39 +130,32 @@ def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: st
 class LRSchedule:
     """`lr_multiplier` for one run's budget; `apply` sets the lr on the optimizer before each step.
 
-    The budget's progress is the larger of `step / horizon_steps` (`optim.decay_steps`, else
-    `trainer.max_steps`) and `seconds / max_seconds` (`trainer.max_time`), for whichever of the two is set:
-    the lr reaches its floor when the run's first budget runs out. Nothing is stored: a step's lr depends only
-    on its number and the training time used before it, both saved in every checkpoint, so a resumed run
-    picks up the same curve.
+    The progress fed to the formula is the budget's own (`Budget.progress`: the largest share used of its
+    steps, training time, tokens and FLOPs), with `optim.decay_steps`, when set, in place of the budget's step
+    limit: the lr reaches its floor when the run's first budget runs out. Nothing is stored: a step's lr
+    depends only on its number, the training time and the tokens used before it, all saved in every
+    checkpoint, so a resumed run picks up the same curve.
     """
 
-    def __init__(self, cfg: OptimConfig, max_steps: int | None, max_seconds: float | None = None) -> None:
+    def __init__(self, cfg: OptimConfig, budget: Budget) -> None:
         self.cfg = cfg
-        self.horizon_steps = cfg.decay_steps if cfg.decay_steps is not None else max_steps
-        self.max_seconds = max_seconds
-        if self.horizon_steps is None and max_seconds is None:
-            raise ValueError("a schedule needs a step horizon or a time budget")
+        self.budget = budget if cfg.decay_steps is None else dataclasses.replace(budget,
+                                                                                 max_steps=cfg.decay_steps)
 
-    def progress(self, step: int, seconds: float) -> float:
-        """The share of the budget used after `step` steps and `seconds` of training time."""
-        shares = []
-        if self.horizon_steps is not None:
-            shares.append(step / self.horizon_steps)
-        if self.max_seconds is not None:
-            shares.append(seconds / self.max_seconds)
-        return max(shares)
+    def progress(self, step: int, seconds: float, tokens: int) -> float:
+        """The share of the budget used after `step` steps, `seconds` of training time and `tokens` tokens."""
+        return self.budget.progress(step, seconds, tokens)
 
-    def lr(self, step: int, seconds: float) -> float:
+    def lr(self, step: int, seconds: float, tokens: int) -> float:
         c = self.cfg
-        return c.lr * lr_multiplier(step, self.progress(step, seconds), warmup_steps=c.warmup_steps,
+        return c.lr * lr_multiplier(step, self.progress(step, seconds, tokens), warmup_steps=c.warmup_steps,
                                     schedule=c.schedule, min_lr_ratio=c.min_lr_ratio,
                                     cooldown_ratio=c.cooldown_ratio)
 
-    def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float) -> float:
+    def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float, tokens: int) -> float:
         """Set step `step`'s lr on every parameter group and return it. A group's `lr_scale` (1 if it has
         none; Muon's matrices have their own peak, `build_muon`) multiplies it."""
-        lr = self.lr(step, seconds)
+        lr = self.lr(step, seconds, tokens)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         return lr

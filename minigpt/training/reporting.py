@@ -6,13 +6,17 @@ train > run.txt`, `| tee`, a SLURM output file) every frame stays, thousands of 
 is drawn only when its stream (stderr) is a terminal; otherwise the same numbers come as one plain log line
 every `logging.log_every` steps, which also reaches the run's train.log:
 
-    step 120/400 | loss 4.1234 | lr 2.95e-03 | 6,213 tok/s | 0:45 trained, ~1:38 left
+    step 120/400 | loss 4.1234 | lr 2.95e-03 | 6,213 tok/s | 122,880 tokens, 6.53e+11 FLOPs | 0:45 trained,
+    ~1:38 left                                                                            (one line)
+
+The step count after the slash is where the budget ends the run (its steps, tokens or FLOPs; none for a
+time budget alone); FLOPs are the model's count (`GPT.flops_per_token`) times the tokens trained.
 
 **TensorBoard.** Fixed, `/`-namespaced metric names; the x-axis is always the optimizer step. Scalars:
 train/loss, val/loss, val/best_loss, val/ppl, val/bpb (bits per byte), optim/lr, optim/grad_norm,
 throughput/tokens_per_s (all ranks), throughput/mfu (per device), throughput/step_s, mem/peak_gib,
-progress/tokens. Text: `config` (the resolved config as YAML) and `sample` (generated text at each
-evaluation).
+progress/tokens, progress/flops (model FLOPs trained so far: the unit of equal-compute comparisons). Text:
+`config` (the resolved config as YAML) and `sample` (generated text at each evaluation).
 
 At the end, the HPARAMS tab gets the run's flattened config beside its final metrics. Those metrics are the
 run's own series (FINAL_METRICS): the hparams plugin shows the last value of each, which for val/loss is the
@@ -41,7 +45,7 @@ from typing import Any, TextIO
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from minigpt.training.budget import Budget, format_duration
+from minigpt.training.budget import Budget, format_count, format_duration
 
 log = logging.getLogger(__name__)
 
@@ -58,16 +62,18 @@ class ProgressDisplay:
     """The bar or the lines, per `enabled` (logging.progress_bar, rank 0 only) and whether `stream` is a tty.
 
     Use it as a context manager around the loop: call `step_done()` after every step and `report(...)` at
-    every log interval.
+    every log interval. The run starts at `initial_step` with `initial_tokens` seen (a resumed run: more
+    than 0).
     """
 
-    def __init__(self, enabled: bool, budget: Budget, initial_step: int,
+    def __init__(self, enabled: bool, budget: Budget, initial_step: int, initial_tokens: int = 0,
                  stream: TextIO | None = None) -> None:
         stream = sys.stderr if stream is None else stream
         self.budget = budget
+        self.last_step = budget.last_step(initial_step, initial_tokens)  # None: a time budget alone
         self.bar_mode = enabled and is_terminal(stream)
         self.line_mode = enabled and not self.bar_mode
-        self.bar = tqdm(total=budget.max_steps, initial=initial_step, unit="step", dynamic_ncols=True,
+        self.bar = tqdm(total=self.last_step, initial=initial_step, unit="step", dynamic_ncols=True,
                         file=stream, disable=not self.bar_mode)
         self._stack = contextlib.ExitStack()
 
@@ -84,16 +90,19 @@ class ProgressDisplay:
         self.bar.update(1)
 
     def report(self, step: int, loss: float, lr: float, tokens_per_s: float, seconds: float,
-               step_s: float) -> None:
-        """The numbers of one log interval; `seconds` is the training time used, `step_s` its recent pace."""
-        left = self.budget.remaining(step, seconds, step_s)
+               step_s: float, tokens: int) -> None:
+        """The numbers of one log interval; `seconds` is the training time used, `step_s` its recent pace,
+        `tokens` the tokens trained so far."""
+        left = self.budget.remaining(step, seconds, tokens, step_s)
+        flops = format_count(self.budget.flops(tokens))
         if self.bar_mode:
             self.bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tokens_per_s:,.0f}",
-                                 left=format_duration(left), refresh=False)
+                                 flops=flops, left=format_duration(left), refresh=False)
         elif self.line_mode:
-            steps = f"{step}" if self.budget.max_steps is None else f"{step}/{self.budget.max_steps}"
-            log.info("step %s | loss %.4f | lr %.2e | %s tok/s | %s trained, ~%s left", steps, loss, lr,
-                     f"{tokens_per_s:,.0f}", format_duration(seconds), format_duration(left))
+            steps = f"{step}" if self.last_step is None else f"{step}/{self.last_step}"
+            log.info("step %s | loss %.4f | lr %.2e | %s tok/s | %s tokens, %s FLOPs | %s trained, ~%s left",
+                     steps, loss, lr, f"{tokens_per_s:,.0f}", f"{tokens:,}", flops, format_duration(seconds),
+                     format_duration(left))
 
 
 # ---------------------------------------------------------------------------------------------- TensorBoard
@@ -102,6 +111,7 @@ class ProgressDisplay:
 SCALAR_TAGS = (
     "train/loss", "val/loss", "val/best_loss", "val/ppl", "val/bpb", "optim/lr", "optim/grad_norm",
     "throughput/tokens_per_s", "throughput/mfu", "throughput/step_s", "mem/peak_gib", "progress/tokens",
+    "progress/flops",
 )
 TEXT_TAGS = ("config", "sample")
 # What the HPARAMS table shows for each run: the last point of these series (tokens/s: of the last interval).

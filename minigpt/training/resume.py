@@ -19,9 +19,11 @@ naming each differing key); a changed course (lr, schedule horizon, batch) is al
 per key. A checkpoint whose weights are not finite (written by a run that diverged) is refused here.
 
 Resuming restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG state,
-the data stream's position, and the step and training time the lr schedule is a function of), so 10 steps +
-resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A time-budgeted run
-(`trainer.max_time`) continues with the budget it has left.
+the data stream's position, and the step, training time and tokens the lr schedule is a function of), so 10
+steps + resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A run with a
+budget of time, tokens, FLOPs or tokens per parameter (`trainer.max_time`, `max_tokens`, `max_flops`,
+`max_tokens_per_param`) continues with the budget it has left; FLOPs and the ratio follow from the tokens
+seen and the model, which resuming cannot change (the model config must match).
 
 **Fine-tuning** (`trainer.init_from=<checkpoint | run folder | Hugging Face GPT-2 folder>`). The run starts
 from the source's weights, with the source's model config and tokenizer (the data is tokenised with that
@@ -190,6 +192,19 @@ def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: D
     if tc.max_seconds is not None and used >= tc.max_seconds:
         raise UserError(f"checkpoint {path} has already trained for {format_duration(used)}, the whole "
                         f"trainer.max_time={tc.max_time}; raise trainer.max_time to continue training")
+    tokens = meta.get("tokens_seen", 0)
+    if tc.max_tokens is not None and tokens >= tc.max_tokens:
+        raise UserError(f"checkpoint {path} has already trained on {tokens:,} tokens, the whole "
+                        f"trainer.max_tokens={tc.max_tokens}; raise trainer.max_tokens to continue training")
+    flops = tokens * model.flops_per_token()
+    if tc.max_flops is not None and flops >= tc.max_flops:
+        raise UserError(f"checkpoint {path} has already trained for {flops:.3g} FLOPs, the whole "
+                        f"trainer.max_flops={tc.max_flops:g}; raise trainer.max_flops to continue training")
+    ratio = tokens / model.num_params()
+    if tc.max_tokens_per_param is not None and ratio >= tc.max_tokens_per_param:
+        raise UserError(f"checkpoint {path} has already trained on {ratio:.3g} tokens per parameter, the "
+                        f"whole trainer.max_tokens_per_param={tc.max_tokens_per_param:g}; raise it to "
+                        "continue training")
     ckpt.load_weights(model, path)
     if not all(bool(torch.isfinite(p).all()) for p in model.state_dict().values()):
         best = path.parent / "best"

@@ -6,10 +6,11 @@ Every key of the config falls in one of three kinds:
                and validated on (data.*, except where the cache lives and how it is read): another value
                makes it another run, so resuming is refused, naming every differing key. A different run
                that starts from these weights is a fine-tune: trainer.init_from (it may change the data).
-    course     how the rest of the run goes: the lr schedule and its horizon (optim.*, trainer.max_steps,
-               trainer.max_time), the optimizer's knobs, the batch (trainer.batch_size, grad_accum_steps,
-               tokens_per_step), the data order (trainer.seed), dropout, what validation scores
-               (trainer.eval_tokens): allowed, with one warning line per key saying what it changes.
+    course     how the rest of the run goes: the lr schedule and its horizon (optim.*, the budget:
+               trainer.max_steps, max_time, max_tokens, max_flops, max_tokens_per_param), the optimizer's
+               knobs, the batch (trainer.batch_size, grad_accum_steps, tokens_per_step), the data order
+               (trainer.seed), dropout, what validation scores (trainer.eval_tokens): allowed, with one
+               warning line per key saying what it changes.
     neither    where and how it runs or reports (device.*, logging.*, eval_every, ckpt_every, strategy, ...):
                silent.
 
@@ -31,6 +32,7 @@ from minigpt.data.prepare import NOT_SHAPING, CorpusChanged, GivenTokenizer, Pre
 from minigpt.data.verify import TOKENIZER_DIR, folder_digests
 from minigpt.errors import UserError
 from minigpt.training import distributed
+from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.optim import LRSchedule
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 COURSE_MODEL_KEYS = ("dropout", "attn_dropout")  # how to train, not what the weights are
 SILENT_MODEL_KEYS = ("attention", "online_block_size")  # the same numbers, computed another way
 SCHEDULE_KEYS = ("lr", "schedule", "warmup_steps", "decay_steps", "min_lr_ratio", "cooldown_ratio")
-COURSE_TRAINER_KEYS = ("max_steps", "max_time", "batch_size", "grad_accum_steps", "tokens_per_step", "seed",
+BUDGET_KEYS = ("max_steps", "max_time", "max_tokens", "max_flops", "max_tokens_per_param")  # the lr's horizon
+COURSE_TRAINER_KEYS = (*BUDGET_KEYS, "batch_size", "grad_accum_steps", "tokens_per_step", "seed",
                        "eval_tokens")
 
 
@@ -58,7 +61,7 @@ def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> 
     step = int(meta.get("step", 0))
     before = meta.get("tokens_seen", 0) // step if step else tokens
     lines = compare(meta.get("config") or {}, cfg, resume_from, step, meta.get("train_seconds") or 0.0,
-                             (before, tokens))
+                    (before, tokens), meta)
     for line in lines:
         log.warning("resuming with a changed course: %s", line)
     return meta
@@ -105,17 +108,18 @@ def kind_of(key: str) -> str:
 
 
 def compare(saved: dict[str, Any], cfg: TrainConfig, checkpoint: object, step: int, seconds: float,
-            tokens_per_step: tuple[int, int]) -> list[str]:
+            tokens_per_step: tuple[int, int], meta: dict[str, Any] | None = None) -> list[str]:
     """Refuse a resume into another run (UserError naming every identity key that differs); return one line
     per changed course key, saying what it changes from checkpoint step `step` on. `saved` is the
-    checkpoint's config (meta.json), `tokens_per_step` (the checkpoint's, this run's)."""
+    checkpoint's config (meta.json), `tokens_per_step` (the checkpoint's, this run's), `meta` the rest of
+    its meta.json (the tokens seen, FLOPs and parameters a budget of tokens or FLOPs is measured in)."""
     before = {**flat(dataclasses.asdict(TrainConfig())), **flat(saved)}
     after = flat(dataclasses.asdict(cfg))
     changed = [k for k in after if k in before and before[k] != after[k]]
     identity = [k for k in changed if kind_of(k) == "identity"]
     if identity:
         raise UserError(_refusal(identity, before, after, checkpoint))
-    return [_course_line(k, before, after, cfg, step, seconds, tokens_per_step)
+    return [_course_line(k, before, after, cfg, step, seconds, tokens_per_step, meta or {})
             for k in changed if kind_of(k) == "course"]
 
 
@@ -134,12 +138,12 @@ def _refusal(keys: list[str], before: dict, after: dict, checkpoint: object) -> 
 
 
 def _course_line(key: str, before: dict, after: dict, cfg: TrainConfig, step: int, seconds: float,
-                 tokens_per_step: tuple[int, int]) -> str:
+                 tokens_per_step: tuple[int, int], meta: dict[str, Any]) -> str:
     was, now = before[key], after[key]
     head = f"{key}={now} (the checkpoint's: {was})"
     section, _, name = key.partition(".")
-    if name in SCHEDULE_KEYS or name in ("max_steps", "max_time"):
-        return f"{head}: {_lr_change(key, before, cfg, step, seconds)}"
+    if name in SCHEDULE_KEYS or (section == "trainer" and name in BUDGET_KEYS):
+        return f"{head}: {_lr_change(key, before, cfg, step, seconds, tokens_per_step[1], meta)}"
     if name in ("batch_size", "grad_accum_steps", "tokens_per_step"):
         old, new = tokens_per_step
         return (f"{head}: a step now trains on {new:,} tokens instead of {old:,}; the data stream goes on "
@@ -155,20 +159,29 @@ def _course_line(key: str, before: dict, after: dict, cfg: TrainConfig, step: in
     return f"{head}: the optimizer's {name} changes from step {step} on"
 
 
-def _lr_change(key: str, before: dict, cfg: TrainConfig, step: int, seconds: float) -> str:
-    """The lr of the next step under the checkpoint's schedule and with only `key` changed."""
+def _lr_change(key: str, before: dict, cfg: TrainConfig, step: int, seconds: float, tokens_per_step: int,
+               meta: dict[str, Any]) -> str:
+    """The lr of the next step under the checkpoint's schedule and with only `key` changed; the budget's
+    rates (FLOPs per token, parameters) are the checkpoint's, from its meta.json."""
+    tokens = int(meta.get("tokens_seen") or 0)
+    flops_per_token = (meta.get("flops") or 0.0) / tokens if tokens else 0.0
+    rates = (tokens_per_step, flops_per_token, int(meta.get("params") or 0))
+
     def schedule(values: dict) -> LRSchedule:
         optim = dataclasses.replace(cfg.optim, **{k: values[f"optim.{k}"] for k in SCHEDULE_KEYS})
-        trainer = dataclasses.replace(cfg.trainer, max_steps=values["trainer.max_steps"],
-                                      max_time=values["trainer.max_time"])
-        return LRSchedule(optim, trainer.max_steps, trainer.max_seconds)
+        trainer = dataclasses.replace(cfg.trainer, **{k: values[f"trainer.{k}"] for k in BUDGET_KEYS})
+        return LRSchedule(optim, Budget(trainer.max_steps, trainer.max_seconds, trainer.max_tokens,
+                                        trainer.max_flops, trainer.max_tokens_per_param, *rates))
 
     only = {**before, key: flat(dataclasses.asdict(cfg))[key]}
-    old, new = schedule(before).lr(step, seconds), schedule(only).lr(step, seconds)
+    try:
+        old, new = schedule(before).lr(step, seconds, tokens), schedule(only).lr(step, seconds, tokens)
+    except ValueError:  # a checkpoint that predates the FLOPs and parameter counts in meta.json
+        return "the schedule's horizon moved"
     if old == new:
         return f"the lr schedule from step {step} on is the same ({old:.2e} next)"
     verb = "jumps" if new > old * 1.5 or new < old / 1.5 else "goes"
-    horizon = key in ("trainer.max_steps", "trainer.max_time", "optim.decay_steps")
+    horizon = key in (*(f"trainer.{k}" for k in BUDGET_KEYS), "optim.decay_steps")
     why = "the schedule's horizon moved" if horizon else "the schedule changed"
     return f"{why}, so the lr of step {step + 1} {verb} from {old:.2e} to {new:.2e}"
 

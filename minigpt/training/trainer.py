@@ -10,11 +10,12 @@ stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, 
 `best`), so no rank waits for a collective the others never reach. A stop signal (SIGINT, SIGTERM, SIGHUP,
 SIGUSR1, SIGUSR2) ends the run after the current step, with a checkpoint (`minigpt/signals.py`); a diverging
 loss ends it before anything diverged is written (`step.DivergenceGuard`). The run ends when its budget is
-used (`budget.py`: `trainer.max_steps` steps and/or `trainer.max_time` of training time, on rank 0's clock);
-the lr of each step follows the share of the budget used (`optim.LRSchedule`). Neighbours: `resume.py` (where
-the run starts), `same_run.py` (what a resumed run may change), `budget.py` (also throughput, MFU and the
-training clock), `evaluation.py` (validation), `step.py` (one update), `reporting.py` (the progress bar or
-lines, TensorBoard), `peers.py` (a rank that dies).
+used (`budget.py`: `trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock,
+`trainer.max_tokens` tokens, `trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`, the first one
+reached); the lr of each step follows the share of the budget used (`optim.LRSchedule`). Neighbours:
+`resume.py` (where the run starts), `same_run.py` (what a resumed run may change), `budget.py` (also
+throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one update), `reporting.py`
+(the progress bar or lines, TensorBoard), `peers.py` (a rank that dies).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import torch
 from omegaconf import OmegaConf
 
 from minigpt.checkpoint import format as ckpt
-from minigpt.checkpoint.contents import Progress, training_meta, training_state
+from minigpt.checkpoint.contents import Progress, machine_record, training_meta, training_state
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer
 from minigpt.device.runtime import peak_flops, resolve_runtime
@@ -41,7 +42,7 @@ from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
 from minigpt.signals import GracefulStop, signal_name
 from minigpt.training import distributed, peers, resume, same_run
-from minigpt.training.budget import Budget, ThroughputMeter, format_duration
+from minigpt.training.budget import Budget, ThroughputMeter, format_count, format_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
@@ -71,6 +72,7 @@ class TrainResult:
     train_seconds: float = 0.0  # training time used, summed over a run and its resumptions
     val_bpb: float = math.nan  # bits per UTF-8 byte of the val text, at the last evaluation
     mfu: float = math.nan  # model FLOPs utilisation per device over the run
+    flops: float = 0.0  # model FLOPs trained (GPT.flops_per_token x tokens_seen), resumptions included
     stop_signal: int | None = None  # the signal that stopped it (interrupted), as the ranks agreed on it
 
 
@@ -157,8 +159,11 @@ class Trainer:
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
-        self.budget = Budget(tc.max_steps, tc.max_seconds)
-        self.schedule = LRSchedule(cfg.optim, tc.max_steps, tc.max_seconds)
+        flops_per_token = self.model.flops_per_token()
+        self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops,
+                             tc.max_tokens_per_param, self.tokens_per_step, flops_per_token,
+                             self.model.num_params())
+        self.schedule = LRSchedule(cfg.optim, self.budget)
         self.scaler = self.runtime.grad_scaler()
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
                                   world_size=env.world_size, device=str(device))
@@ -167,10 +172,11 @@ class Trainer:
         self.progress = Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
-        self.meter = ThroughputMeter(self.tokens_per_step, self.model.flops_per_token(),
+        self.meter = ThroughputMeter(self.tokens_per_step, flops_per_token,
                                      peak_flops(cfg.device, self.runtime), env.world_size,
                                      self.runtime.synchronize, clock)
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
+        self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
         if state is not None:
             self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
             self.resumed_step = self.progress.step
@@ -185,7 +191,8 @@ class Trainer:
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
                  f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
                  self.grad_accum_steps, env.world_size)
-        log.info("budget: %s", self.budget.describe())
+        last = self.budget.last_step(self.progress.step, self.progress.tokens_seen)
+        log.info("budget: %s%s", self.budget.describe(), "" if last is None else f" (ends at step {last:,})")
 
     # ------------------------------------------------------------------------------------------ the loop
 
@@ -194,9 +201,10 @@ class Trainer:
         stop_signal, sample = None, ""
         with GracefulStop() as stop, self.tb:
             self.tb.text("config", OmegaConf.to_yaml(dataclasses.asdict(self.cfg)), p.step)
-            with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step) as display:
+            with ProgressDisplay(self.is_main and lc.progress_bar, self.budget, p.step,
+                                 p.tokens_seen) as display:
                 self.meter.restart()
-                while not self.budget.done(p.step, p.train_seconds):
+                while not self.budget.done(p.step, p.train_seconds, p.tokens_seen):
                     if p.step % tc.eval_every == 0:
                         self._evaluate()
                     loss, grad_norm, lr = self._train_step()
@@ -207,7 +215,7 @@ class Trainer:
                     # every rank ends at the same step, with the lr of rank 0's training clock
                     clock = self.seconds_before + self.meter.seconds
                     stop_signal, p.train_seconds = distributed.agree_on_stop(stop.signum, clock, self.env)
-                    finished = self.budget.done(p.step, p.train_seconds)
+                    finished = self.budget.done(p.step, p.train_seconds, p.tokens_seen)
                     if p.step % lc.log_every == 0 or finished:
                         self._log_interval(loss, grad_norm, lr, display)
                     if stop_signal is not None:
@@ -226,19 +234,20 @@ class Trainer:
             log.warning("stopped by %s at step %d; checkpoint written to %s", signal_name(stop_signal),
                         p.step, self.last_saved)
         elif stop_signal is None:
-            log.info("done: step %d after %s of training, val loss %.4f (best %.4f, first %.4f), "
-                     "%.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
-                     format_duration(p.train_seconds), p.val_loss, p.best_val_loss, p.first_val_loss,
-                     p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
+            log.info("done: step %d after %s of training (%s tokens, %s FLOPs), val loss %.4f (best %.4f, "
+                     "first %.4f), %.4f bits/byte, %s tok/s, MFU %.1f%% per device", p.step,
+                     format_duration(p.train_seconds), f"{p.tokens_seen:,}",
+                     format_count(self.budget.flops(p.tokens_seen)), p.val_loss, p.best_val_loss,
+                     p.first_val_loss, p.val_bpb, f"{tokens_per_s:,.0f}", 100 * self.meter.run_mfu)
         return TrainResult(p.step, p.tokens_seen, p.first_val_loss, p.val_loss, p.best_val_loss, tokens_per_s,
                            sample, self.out_dir / "checkpoints" / "last", stop_signal is not None,
                            self.guard.skipped, p.train_seconds, val_bpb=p.val_bpb, mfu=self.meter.run_mfu,
-                           stop_signal=stop_signal)
+                           flops=self.budget.flops(p.tokens_seen), stop_signal=stop_signal)
 
     def _train_step(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimizer update; returns (mean loss, pre-clip grad norm) as device tensors and the lr used."""
         p = self.progress
-        lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds)
+        lr = self.schedule.apply(self.optimizer, p.step, p.train_seconds, p.tokens_seen)
         self.train_model.train()
         loss = accumulate_gradients(self.train_model, self._next_batch, self.grad_accum_steps,
                                     self.runtime, self.scaler)
@@ -265,9 +274,10 @@ class Trainer:
             "train/loss": loss_v, "optim/lr": lr, "optim/grad_norm": norm_v,
             "throughput/tokens_per_s": interval.tokens_per_s, "throughput/step_s": interval.step_s,
             "throughput/mfu": interval.mfu, "mem/peak_gib": peak_memory_gib(self.runtime.device),
-            "progress/tokens": p.tokens_seen,
+            "progress/tokens": p.tokens_seen, "progress/flops": self.budget.flops(p.tokens_seen),
         }, p.step)
-        display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s)
+        display.report(p.step, loss_v, lr, interval.tokens_per_s, p.train_seconds, interval.step_s,
+                       p.tokens_seen)
 
     def _evaluate(self) -> None:
         """Validation (the same on every rank, so is the `best` decision), a sample, their reports."""
@@ -279,11 +289,13 @@ class Trainer:
             if p.step == 0 or not math.isfinite(p.first_val_loss):
                 p.first_val_loss = p.val_loss
             self.tb.scalars({"val/loss": p.val_loss, "val/ppl": score.perplexity, "val/bpb": p.val_bpb,
-                             "progress/tokens": p.tokens_seen}, p.step)
+                             "progress/tokens": p.tokens_seen,
+                             "progress/flops": self.budget.flops(p.tokens_seen)}, p.step)
             improved = p.val_loss < p.best_val_loss
             p.best_val_loss = min(p.best_val_loss, p.val_loss)
             self.tb.scalars({"val/best_loss": p.best_val_loss}, p.step)  # a final metric (reporting.py)
-            of = "" if self.budget.max_steps is None else f"/{self.budget.max_steps}"
+            last = self.budget.last_step(p.step, p.tokens_seen)
+            of = "" if last is None else f"/{last}"
             best = " best" if improved and p.step > 0 else ""
             log.info("step %d%s: val loss %.4f (ppl %s, %.4f bits/byte)%s", p.step, of, p.val_loss,
                      format_perplexity(score.perplexity), p.val_bpb, best)
@@ -326,7 +338,7 @@ class Trainer:
             p = self.progress
             state = training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
             meta = training_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env.world_size,
-                                 self.evaluation.describe())
+                                 self.evaluation.describe(), self.machine)
             if self.env.job_id is not None:  # a requeued job resumes from it by itself (resume.resume_source)
                 meta["job_id"] = self.env.job_id
             self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere

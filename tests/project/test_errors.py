@@ -254,6 +254,12 @@ CASES = {
     "train-no-limit": (T, ["TRAIN", "trainer.max_steps=null"], "trainer.max_steps=null needs a time budget"),
     "train-resume-budget-used": (T, ["TRAIN", "trainer.resume={w}/run", "trainer.max_time=0.001s"],
                                  "has already trained for"),
+    "train-bad-max-tokens": (T, ["TRAIN", "trainer.max_tokens=0"], "trainer.max_tokens=0 must be at least 1"),
+    "train-bad-max-flops": (T, ["TRAIN", "trainer.max_flops=-1"], "trainer.max_flops=-1.0 must be positive"),
+    "train-resume-tokens-used": (T, ["TRAIN", "trainer.resume={w}/run", "trainer.max_tokens=1"],
+                                 "tokens, the whole trainer.max_tokens=1; raise trainer.max_tokens"),
+    "train-resume-flops-used": (T, ["TRAIN", "trainer.resume={w}/run", "trainer.max_flops=1e6"],
+                                "FLOPs, the whole trainer.max_flops=1e+06; raise trainer.max_flops"),
     "generate-unparsable-prompt": (G, ["checkpoint={w}/run", "prompt=def main("],
                                    "\"prompt='def main('\""),
     # ---- resuming must continue the same run (training/same_run.py), a diverged one never

@@ -6,9 +6,12 @@ exactly that long; evaluation is made to cost a lot of fake time too, to show it
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
+import re
 import signal
 import socket
 import time
@@ -24,10 +27,12 @@ from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
 from minigpt.errors import UserError
 from minigpt.training.budget import Budget, format_duration, parse_duration
-from minigpt.training.config import TrainConfig
+from minigpt.training.config import OptimConfig, TrainConfig
 from minigpt.training.dist_env import DistEnv
 from minigpt.training.distributed import process_group
+from minigpt.training.optim import LRSchedule
 from minigpt.training.run_folder import RunFolder
+from minigpt.training.same_run import compare
 from minigpt.training.trainer import Trainer
 
 
@@ -110,7 +115,7 @@ def test_the_lr_follows_the_time_used_and_reaches_its_floor_at_the_budgets_end(m
         assert lr == pytest.approx(want), step
     # The last update starts one step before the end; at the end of the budget the lr is on its floor.
     assert lrs[-1][1] > peak * floor_ratio
-    assert trainer.schedule.lr(16, budget) == pytest.approx(peak * floor_ratio)
+    assert trainer.schedule.lr(16, budget, 16 * 128) == pytest.approx(peak * floor_ratio)
 
 
 def _weights(run: Path) -> dict[str, torch.Tensor]:
@@ -137,6 +142,60 @@ def test_resume_continues_the_remaining_budget(make_train_cfg, tmp_path: Path):
 
     # The budget is used up: resuming again is refused, and says how to go on.
     with pytest.raises(UserError, match=r"already trained for 0:10.*raise trainer.max_time"):
+        timed_trainer(make_train_cfg(*common, "trainer.resume=auto"), tmp_path / "split", 1.0)
+
+
+def _scalars(run: Path, tag: str) -> list[tuple[int, float]]:
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+    events.Reload()
+    return [(e.step, e.value) for e in events.Scalars(tag)]
+
+
+@pytest.mark.slow
+def test_a_flops_budget_trains_the_steps_it_buys_and_reports_its_flops(make_train_cfg, tmp_path: Path):
+    """5.5 steps' worth of FLOPs (debug=fast: 4 x 32 = 128 tokens per step) end the run after step 6; the
+    FLOPs in TensorBoard, meta.json and the result are the tokens times the model's count per token."""
+    probe = Trainer(make_train_cfg(*TIMED, "trainer.max_steps=1"), RunFolder(tmp_path / "probe"),
+                    env=DistEnv())
+    per_step = 128 * probe.model.flops_per_token()
+    cfg = make_train_cfg(*TIMED, f"trainer.max_flops={5.5 * per_step}", "trainer.max_time=1h")
+    result = timed_trainer(cfg, tmp_path / "run", 0.5).fit()
+    assert result.step == 6 and result.tokens_seen == 6 * 128 and result.flops == 6 * per_step
+    flops = _scalars(tmp_path / "run", "progress/flops")
+    assert {step for step, _ in flops} == set(range(0, 7))  # every log interval and evaluation
+    for step, value in flops:
+        assert value == pytest.approx(step * per_step, rel=1e-6), step  # float32 event values
+    meta = ckpt.read_meta(tmp_path / "run" / "checkpoints" / "last")
+    assert meta["flops"] == 6 * per_step and meta["tokens_seen"] == 6 * 128
+    assert meta["machine"]["dtype"] == "float32" and meta["machine"]["cores"] >= 1  # debug=fast: float32
+    lrs = _lrs(tmp_path / "run")  # the decay follows the FLOPs: step k's lr from k * per_step used
+    assert lrs[-1][1] == pytest.approx(trainer_lr(cfg, 5, 5 / 5.5))
+
+
+def trainer_lr(cfg: TrainConfig, step: int, progress: float) -> float:
+    """The lr of `step` at `progress` of the budget, from the documented formula (wsd, the default)."""
+    o = cfg.optim
+    assert o.schedule == "wsd"
+    warm = min(1.0, (step + 1) / o.warmup_steps)
+    decay = 1.0 if progress <= 1 - o.cooldown_ratio else (1 - progress) / o.cooldown_ratio
+    return o.lr * warm * (o.min_lr_ratio + (1 - o.min_lr_ratio) * decay)
+
+
+@pytest.mark.slow
+def test_resume_continues_the_remaining_tokens(make_train_cfg, tmp_path: Path):
+    """A 10-step token budget stopped by Ctrl-C after step 4 and resumed ends like a run never stopped."""
+    common = (*TIMED, "trainer.max_tokens=1280", "model.dropout=0.1")  # 10 steps of 128 tokens
+    straight = timed_trainer(make_train_cfg(*common), tmp_path / "straight", 1.0).fit()
+    assert straight.step == 10
+    first = timed_trainer(make_train_cfg(*common), tmp_path / "split", 1.0, signal_at_batch=4).fit()
+    assert first.interrupted and first.step == 4
+    second = timed_trainer(make_train_cfg(*common, "trainer.resume=auto"), tmp_path / "split", 1.0).fit()
+    assert second.step == 10 and second.tokens_seen == 1280 and second.flops == straight.flops
+    assert _lrs(tmp_path / "split") == _lrs(tmp_path / "straight")
+    a, b = _weights(tmp_path / "straight"), _weights(tmp_path / "split")
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    with pytest.raises(UserError, match=r"already trained on 1,280 tokens.*raise trainer.max_tokens"):
         timed_trainer(make_train_cfg(*common, "trainer.resume=auto"), tmp_path / "split", 1.0)
 
 
@@ -173,9 +232,77 @@ def test_budget_words():
     assert Budget(400, None).describe() == "400 steps"
     assert Budget(None, 180.0).describe() == "3:00 of training time"
     assert Budget(400, 180.0).describe() == "3:00 of training time or 400 steps, whichever comes first"
+    assert Budget(max_tokens=1_500_000).describe() == "1,500,000 tokens"
+    assert Budget(max_flops=8.16e12, flops_per_token=1.0).describe() == "8.16e+12 FLOPs"
+    ratio = Budget(max_tokens_per_param=2, params=787_296)
+    assert ratio.describe() == "2 tokens per parameter (1,574,592 tokens)"
     assert format_duration(3725.9) == "1:02:05" and format_duration(7.2) == "0:07"
-    assert Budget(400, 180.0).remaining(100, 60.0, 0.5) == 120.0  # time binds: 120 s < 300 steps x 0.5 s
-    assert Budget(400, 180.0).remaining(390, 60.0, 0.5) == 5.0  # steps bind
+    assert Budget(400, 180.0).remaining(100, 60.0, 0, 0.5) == 120.0  # time binds: 120 s < 300 steps x 0.5 s
+    assert Budget(400, 180.0).remaining(390, 60.0, 0, 0.5) == 5.0  # steps bind
+
+
+# Rates of a made-up run: 1,000 tokens per step, 3e6 FLOPs per token (so 3e9 FLOPs per step).
+RATES = {"tokens_per_step": 1000, "flops_per_token": 3e6}
+
+
+@pytest.mark.parametrize("budget, last", [
+    (Budget(max_tokens=10_000, **RATES), 10),  # exactly 10 steps of 1,000
+    (Budget(max_tokens=10_001, **RATES), 11),  # the first step at or past the limit: one over
+    (Budget(max_flops=3e10, **RATES), 10),  # 3e10 / 3e9 per step
+    (Budget(max_flops=3.1e10, **RATES), 11),
+    (Budget(max_steps=7, max_flops=3e10, **RATES), 7),  # the first limit reached
+    (Budget(max_tokens=20_000, max_flops=3e10, **RATES), 10),
+    (Budget(max_tokens_per_param=2.0, params=5000, **RATES), 10),  # 2 x 5,000 parameters
+    (Budget(max_tokens_per_param=2.5, params=5000, max_tokens=20_000, **RATES), 13),  # 12,500 tokens
+])
+def test_token_and_flops_budgets_end_at_the_first_step_at_or_past_them(budget: Budget, last: int):
+    steps = [s for s in range(1, 30) if budget.done(s, 0.0, s * 1000)]
+    assert steps[0] == last == budget.last_step(0, 0)
+    assert not budget.done(last - 1, 1e9, (last - 1) * 1000) or budget.max_seconds is not None
+    assert budget.last_step(4, 4000) == last  # the same end seen from later on
+
+
+def test_progress_is_the_share_of_the_furthest_limit():
+    budget = Budget(max_steps=100, max_seconds=60.0, max_flops=3e11, **RATES)  # FLOPs: 100,000 tokens
+    assert budget.progress(10, 6.0, 10_000) == pytest.approx(0.1)
+    assert budget.progress(10, 30.0, 10_000) == pytest.approx(0.5)  # time is ahead
+    assert budget.progress(10, 6.0, 40_000) == pytest.approx(0.4)  # FLOPs are ahead (a larger batch)
+    assert budget.flops(40_000) == 1.2e11
+    assert Budget(max_tokens=5000, max_flops=3e10, **RATES).token_limit == 5000  # 3e10 FLOPs = 10,000 tokens
+    # 2 s per step, 40 of the 100 steps left (FLOPs bind at step 100 too; time has 20 s left)
+    assert budget.remaining(60, 40.0, 60_000, 2.0) == 20.0
+    assert Budget(max_flops=3e11, **RATES).remaining(60, 40.0, 60_000, 2.0) == 80.0
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "wsd"])
+def test_the_lr_follows_the_flops_used(schedule: str):
+    """The lr of a FLOPs budget is the documented formula of the share of FLOPs used, computed here."""
+    cfg = OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.1, schedule=schedule, cooldown_ratio=0.5)
+    lr = LRSchedule(cfg, Budget(max_flops=6e10, **RATES)).lr  # 20 steps of 3e9 FLOPs
+    for step in range(0, 25):
+        p = min(step * 3e9 / 6e10, 1.0)
+        decay = 0.5 * (1 + math.cos(math.pi * p)) if schedule == "cosine" else min(1.0, (1 - p) / 0.5)
+        assert lr(step, 0.0, step * 1000) == pytest.approx(0.1 + 0.9 * decay), step
+    decayed = LRSchedule(OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0, decay_steps=40,
+                                     schedule="cosine"), Budget(max_flops=6e11, **RATES))
+    assert decayed.progress(10, 0.0, 10_000) == pytest.approx(0.25)  # decay_steps ahead of the FLOPs
+
+
+@pytest.mark.parametrize("override, message", [
+    ("trainer.max_tokens=0", "trainer.max_tokens=0 must be at least 1"),
+    ("trainer.max_flops=0", "trainer.max_flops=0.0 must be positive"),
+    ("trainer.max_flops=inf", "trainer.max_flops=inf must be positive"),
+    ("trainer.max_tokens_per_param=-2", "trainer.max_tokens_per_param=-2.0 must be positive"),
+])
+def test_bad_token_and_flops_budgets_are_one_line_user_errors(override: str, message: str):
+    with pytest.raises(UserError, match=re.escape(message)):
+        to_object(compose_train([override]), TrainConfig)
+
+
+def test_a_flops_budget_is_written_as_a_number():
+    cfg = to_object(compose_train(["trainer.max_steps=null", "trainer.max_flops=8.16e12",
+                                   "trainer.max_tokens=2000000"]), TrainConfig)
+    assert cfg.trainer.max_flops == 8.16e12 and cfg.trainer.max_tokens == 2_000_000
 
 
 def _budget_worker(rank: int, port: int, root: str, cfg: TrainConfig) -> None:
@@ -187,7 +314,7 @@ def _budget_worker(rank: int, port: int, root: str, cfg: TrainConfig) -> None:
     with process_group(env):
         trainer = timed_trainer(cfg, Path(root) / "run", 1.0 if rank == 0 else 3.0, env=env)
         lrs, apply = [], trainer.schedule.apply
-        trainer.schedule.apply = lambda opt, step, seconds: lrs.append(apply(opt, step, seconds)) or lrs[-1]
+        trainer.schedule.apply = lambda *args: lrs.append(apply(*args)) or lrs[-1]
         result = trainer.fit()
     (Path(root) / f"rank{rank}.json").write_text(json.dumps({"step": result.step, "lrs": lrs}))
 
@@ -216,3 +343,20 @@ def test_under_ddp_every_rank_follows_rank_zeros_clock(make_train_cfg, tmp_path:
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     assert ranks[0]["step"] == ranks[1]["step"] == 6
     assert ranks[0]["lrs"] == ranks[1]["lrs"] and len(ranks[0]["lrs"]) == 6
+
+
+def test_resuming_with_a_larger_flops_budget_says_how_the_lr_moves():
+    """A token or FLOPs budget is the schedule's horizon like max_steps: changing it on resume is allowed,
+    with one line giving the next step's lr under both budgets (cosine, written out here)."""
+    saved = TrainConfig()
+    saved.trainer.max_steps, saved.trainer.max_flops = None, 1e12
+    saved.optim.schedule, saved.optim.warmup_steps, saved.optim.min_lr_ratio = "cosine", 0, 0.1
+    resumed = copy.deepcopy(saved)
+    resumed.trainer.max_flops = 2e12
+    meta = {"tokens_seen": 50_000, "flops": 5e11, "params": 1000}  # half the saved budget used
+    lines = compare(dataclasses.asdict(saved), resumed, "ckpt", 10, 0.0, (1024, 1024), meta)
+    peak = saved.optim.lr
+    old = peak * (0.1 + 0.9 * (1 + math.cos(math.pi * 0.5)) / 2)
+    new = peak * (0.1 + 0.9 * (1 + math.cos(math.pi * 0.25)) / 2)
+    assert lines == [f"trainer.max_flops=2000000000000.0 (the checkpoint's: 1000000000000.0): the schedule's "
+                     f"horizon moved, so the lr of step 11 jumps from {old:.2e} to {new:.2e}"]  # 1.58x

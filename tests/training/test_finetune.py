@@ -22,6 +22,7 @@ from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training import resume as finetune
+from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.optim import LRSchedule
 from minigpt.training.resume import InitFrom
@@ -123,8 +124,8 @@ def test_fine_tune_a_minigpt_run_as_a_new_run(make_train_cfg, tmp_path: Path):
     events = EventAccumulator(str(tmp_path / "tuned" / "tb"), size_guidance={"scalars": 0})
     events.Reload()
     lrs = {e.step: e.value for e in events.Scalars("optim/lr")}
-    schedule = LRSchedule(tuned_cfg.optim, max_steps=4)  # a fresh one: counted from this run's step 0
-    assert lrs[2] == pytest.approx(schedule.lr(1, 0.0))  # logged at step 2: the lr step 2 (index 1) used
+    schedule = LRSchedule(tuned_cfg.optim, Budget(max_steps=4))  # a fresh one: counted from this run's step 0
+    assert lrs[2] == pytest.approx(schedule.lr(1, 0.0, 0))  # logged at step 2: the lr step 2 (index 1) used
     with pytest.raises(UserError, match="trainer.init_from and trainer.resume"):
         make_train_cfg(f"trainer.init_from={source}", f"trainer.resume={source}")
     shutil.rmtree(source)  # a stopped fine-tuning run resumes from its own checkpoint, without the source

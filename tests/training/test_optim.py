@@ -13,6 +13,7 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
+from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW, orthogonalize
 from minigpt.training.optim import LRSchedule, build_optimizer, muon_matrices, param_groups
@@ -81,10 +82,10 @@ def _lrs(cfg: OptimConfig, max_steps: int | None, n: int, seconds_per_step: floa
     """The lr of each of `n` steps, set as the trainer sets it: before the step, from its number and time."""
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.AdamW([p], lr=cfg.lr)
-    schedule = LRSchedule(cfg, max_steps, max_seconds)
+    schedule = LRSchedule(cfg, Budget(max_steps, max_seconds))
     out = []
     for step in range(n):
-        out.append(schedule.apply(opt, step, step * seconds_per_step))
+        out.append(schedule.apply(opt, step, step * seconds_per_step, 0))
         assert opt.param_groups[0]["lr"] == out[-1]  # what the optimizer really uses
         opt.step()
     return out
@@ -141,10 +142,10 @@ def test_a_time_budget_decays_with_the_time_used_and_ends_on_the_floor(schedule:
 
 
 def test_with_both_budgets_the_one_further_along_drives_the_decay():
-    schedule = LRSchedule(OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0), 100, 60.0)
-    assert schedule.progress(10, 30.0) == pytest.approx(0.5)  # time is ahead
-    assert schedule.progress(80, 30.0) == pytest.approx(0.8)  # steps are ahead
-    assert schedule.lr(100, 1.0) == pytest.approx(0.0) and schedule.lr(1, 60.0) == pytest.approx(0.0)
+    schedule = LRSchedule(OptimConfig(lr=1.0, warmup_steps=0, min_lr_ratio=0.0), Budget(100, 60.0))
+    assert schedule.progress(10, 30.0, 0) == pytest.approx(0.5)  # time is ahead
+    assert schedule.progress(80, 30.0, 0) == pytest.approx(0.8)  # steps are ahead
+    assert schedule.lr(100, 1.0, 0) == pytest.approx(0.0) and schedule.lr(1, 60.0, 0) == pytest.approx(0.0)
 
 
 
@@ -236,9 +237,9 @@ def test_the_schedule_moves_muon_and_adamw_along_one_curve():
     model = _model()
     cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.05, warmup_steps=4, schedule="cosine")
     opt = build_optimizer(model, cfg)
-    schedule = LRSchedule(cfg, max_steps=20)
+    schedule = LRSchedule(cfg, Budget(max_steps=20))
     for step in (0, 3, 10, 20):
-        lr = schedule.apply(opt, step, 0.0)
+        lr = schedule.apply(opt, step, 0.0, 0)
         muon, *adam = opt.param_groups
         assert muon["lr"] == pytest.approx(lr * 50) and all(g["lr"] == pytest.approx(lr) for g in adam)
 

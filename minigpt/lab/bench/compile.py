@@ -24,6 +24,7 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
 from minigpt.lab.bench.timing import interleave, time_call
 from minigpt.model.factory import build_model
+from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.step import accumulate_gradients, optimizer_step
@@ -47,7 +48,7 @@ def bench_compile(device: torch.device, *, repeats: int = 10, quick: bool = Fals
         model = build_model(model_cfg).to(device).train()
         run = torch.compile(model) if name != "eager" else model
         optimizer = build_optimizer(model, cfg.optim, device.type)
-        schedule = LRSchedule(cfg.optim, tc.max_steps)
+        schedule = LRSchedule(cfg.optim, Budget(max_steps=tc.max_steps))
         steps[name] = _step_fn(run, model, optimizer, schedule, tokens, runtime, cfg.optim.grad_clip)
     # The first call compiles forward and backward: into an empty cache folder, as a first run does; then a
     # second copy compiles again with what the first left in that folder, as every later run of the same model
@@ -85,7 +86,7 @@ def _step_fn(run, model, optimizer, schedule, tokens, runtime, grad_clip: float)
 
     def step() -> None:
         accumulate_gradients(run, next_batch, 1, runtime, scaler)
-        schedule.apply(optimizer, next(step_counter), 0.0)
+        schedule.apply(optimizer, next(step_counter), 0.0, 0)
         optimizer_step(model, optimizer, scaler, grad_clip)
 
     return step

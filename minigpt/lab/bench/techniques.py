@@ -21,6 +21,7 @@ from minigpt.device.runtime import resolve_runtime
 from minigpt.lab.bench.timing import interleave
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
+from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig, TrainerConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.step import accumulate_gradients, optimizer_step
@@ -50,7 +51,7 @@ def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: tor
     model.to(runtime.device)
     cfg = OptimConfig(**optim_overrides)
     optimizer = build_optimizer(model, cfg, runtime.type)
-    schedule, scaler = LRSchedule(cfg, 10**9), runtime.grad_scaler()
+    schedule, scaler = LRSchedule(cfg, Budget(max_steps=10**9)), runtime.grad_scaler()
     counter = iter(range(10**12))
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,7 +61,7 @@ def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: tor
     def step() -> None:
         model.train()
         accumulate_gradients(model, next_batch, 1, runtime, scaler)
-        schedule.apply(optimizer, 1000, 0.0)
+        schedule.apply(optimizer, 1000, 0.0, 0)
         optimizer_step(model, optimizer, scaler, cfg.grad_clip)
 
     return step

@@ -19,6 +19,7 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import datasheet_tflops, peak_flops, resolve_runtime
 from minigpt.lab.bench.reference import gpt2_like_config
 from minigpt.model.factory import build_model
+from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.step import accumulate_gradients, optimizer_step
@@ -45,7 +46,7 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     train_model = torch.compile(model) if runtime.compile else model
     optim_cfg = OptimConfig(name="adamw", lr=6e-4, warmup_steps=warmup_steps)
     optimizer = build_optimizer(model, optim_cfg, runtime.type)
-    schedule = LRSchedule(optim_cfg, steps + warmup_steps)
+    schedule = LRSchedule(optim_cfg, Budget(max_steps=steps + warmup_steps))
     scaler = runtime.grad_scaler()
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, shape["vocab_size"], (64, batch_size, shape["block_size"] + 1), generator=gen)
@@ -59,7 +60,7 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     def step() -> torch.Tensor:
         train_model.train()
         loss = accumulate_gradients(train_model, next_batch, 1, runtime, scaler)
-        schedule.apply(optimizer, next(step_counter), 0.0)
+        schedule.apply(optimizer, next(step_counter), 0.0, 0)
         optimizer_step(model, optimizer, scaler, grad_clip=1.0)
         return loss
 
