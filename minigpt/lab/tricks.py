@@ -7,10 +7,10 @@ run was trained with trainer.eval_tokens=all, bits per byte, training seconds) i
 `render_block(doc)` writes the table between the two `tricks` markers of docs/tricks.md, so its numbers
 are never typed (a test checks the page against docs/tricks.json).
 
-The comparison is paired: seed s of an arm and seed s of its control share the initialisation and the
-order of the batches, so the per-seed differences carry less noise than the two means do. The interval
-is the 95% Student-t interval of the mean difference and p the two-sided paired t-test (scipy's
-`ttest_rel`, which a test checks against the formula).
+The comparison is paired (lab/stats.py): seed s of an arm and seed s of its control share the order of the
+batches and, where the switch adds no parameters, the initial weights, so the per-seed differences carry
+less noise than the two means do; the table gives the mean difference with its 95% Student-t interval and
+the two-sided paired t-test's p.
 """
 
 from __future__ import annotations
@@ -20,27 +20,13 @@ import math
 import re
 from pathlib import Path
 
-from scipy import stats
-
 from minigpt.errors import UserError
+from minigpt.lab.stats import Paired, paired_comparison
 
 BEGIN, END = "<!-- tricks:begin -->", "<!-- tricks:end -->"
 # overrides every run of a screen shares; what is left of a run's overrides is its arm's change
 COMMON = ("trainer.seed=", "trainer.max_steps=", "trainer.eval_every=", "trainer.eval_tokens=",
           "trainer.ckpt_every=", "logging.", "device.type=")
-
-
-def paired(arm: list[float], control: list[float]) -> dict:
-    """Mean of arm - control over paired seeds, its 95% t-interval and the paired t-test's p-value."""
-    d = [a - c for a, c in zip(arm, control, strict=True)]
-    n = len(d)
-    mean = sum(d) / n
-    if n < 2:
-        return {"n": n, "mean": mean, "low": None, "high": None, "p": None}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
-    half = float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-    p = float(stats.ttest_rel(arm, control).pvalue) if sd > 0 else (0.0 if mean else 1.0)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half, "p": p}
 
 
 def _read_run(run: Path) -> tuple[list[str], dict]:
@@ -79,19 +65,19 @@ def collect(root: Path, controls: dict[str, str] | None = None) -> dict:
     return {"arms": {a: arms[a] for a in order}, "step_ratios": {}}
 
 
-def compare(doc: dict, name: str) -> dict | None:
-    """The paired comparison of arm `name` with its control over the seeds both have."""
+def compare(doc: dict, name: str) -> Paired | None:
+    """The paired comparison of arm `name`'s val losses with its control's over the seeds both have."""
     arm = doc["arms"][name]
     if arm["control"] is None:
         return None
-    control = doc["arms"][arm["control"]]["runs"]
-    seeds = sorted(set(arm["runs"]) & set(control))
-    return paired([arm["runs"][s]["val_loss"] for s in seeds], [control[s]["val_loss"] for s in seeds])
+    losses = {a: {int(seed): r["val_loss"] for seed, r in doc["arms"][a]["runs"].items()}
+              for a in (name, arm["control"])}
+    return paired_comparison(losses[name], losses[arm["control"]])
 
 
 def render_block(doc: dict) -> str:
     """The table: one row per arm in the JSON's order, its mean, its paired difference from its control."""
-    lines = ["| arm | change | steps | seeds | val loss (mean) | bits/byte | vs control: Δ [95% interval] | "
+    lines = ["| arm | change | steps | seeds | val loss (mean) | bits/byte | vs control: Δ ± 95% interval | "
              "paired p | step time |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, arm in doc["arms"].items():
@@ -102,9 +88,8 @@ def render_block(doc: dict) -> str:
         if c is None:
             delta, p = "(control)" if not arm["change"] else "-", "-"
         else:
-            interval = "" if c["low"] is None else f" [{c['low']:+.3f}, {c['high']:+.3f}]"
-            delta = f"{c['mean']:+.3f}{interval} vs {arm['control']}"
-            p = "-" if c["p"] is None else f"{c['p']:.3f}"
+            delta = f"{c.difference.text(signed=True)} vs {arm['control']}"
+            p = "-" if math.isnan(c.p_value) else f"{c.p_value:.3f}"
         ratio = doc["step_ratios"].get(name)
         change = " ".join(f"`{o}`" for o in arm["change"]) or "none (a control)"
         time = "-" if ratio is None else f"{ratio:.2f}x"

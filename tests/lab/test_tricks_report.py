@@ -1,11 +1,11 @@
-"""The technique screen's table (minigpt/lab/tricks.py, scripts/tricks_report.py): the paired statistics
-against their formulas, the arms read from run folders, and docs/tricks.md against docs/tricks.json."""
+"""The technique screen's table (minigpt/lab/tricks.py, scripts/tricks_report.py): the arms read from run
+folders, each paired with its control (against the t-test by hand), and docs/tricks.md against
+docs/tricks.json."""
 
 from __future__ import annotations
 
 import json
 import math
-import random
 
 import pytest
 from cli_helpers import run_script
@@ -13,7 +13,7 @@ from conftest import ROOT
 from scipy import stats
 
 from minigpt.errors import UserError
-from minigpt.lab.tricks import BEGIN, END, collect, compare, page_block, paired, render_block
+from minigpt.lab.tricks import BEGIN, END, collect, compare, page_block, render_block
 
 COMMON = ["trainer.max_steps={steps}", "trainer.seed={seed}", "trainer.eval_tokens=all",
           "logging.sample_tokens=0", "device.type=cpu"]
@@ -30,22 +30,6 @@ def _run(root, arm, seed, steps, loss, change=()):
     (run / "checkpoints" / "last" / "meta.json").write_text(json.dumps(meta))
 
 
-def test_paired_is_the_t_test_on_the_differences():
-    rng = random.Random(0)
-    control = [4.9 + rng.gauss(0, 0.02) for _ in range(5)]
-    arm = [c - 0.03 + rng.gauss(0, 0.01) for c in control]
-    r = paired(arm, control)
-    d = [a - c for a, c in zip(arm, control, strict=True)]
-    n, mean = len(d), sum(d) / len(d)
-    se = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1)) / math.sqrt(n)
-    assert r["mean"] == pytest.approx(mean)
-    assert r["p"] == pytest.approx(2 * stats.t.sf(abs(mean / se), n - 1))  # two-sided, n - 1 dof
-    # the interval's ends are the shifts that a paired test would reject at exactly 5%
-    for end in (r["low"], r["high"]):
-        assert stats.ttest_1samp([x - end for x in d], 0.0).pvalue == pytest.approx(0.05)
-    assert paired([1.0], [2.0]) == {"n": 1, "mean": -1.0, "low": None, "high": None, "p": None}
-
-
 def test_collect_pairs_each_arm_with_the_control_of_its_budget_by_seed(tmp_path):
     for seed, loss in enumerate([4.90, 4.92, 4.91]):
         _run(tmp_path, "base500", seed, 500, loss)
@@ -57,14 +41,19 @@ def test_collect_pairs_each_arm_with_the_control_of_its_budget_by_seed(tmp_path)
     assert list(doc["arms"]) == ["base500", "s500_relu2", "base1500", "s1500_relu2"]  # controls first
     assert doc["arms"]["s500_relu2"]["change"] == ["model.activation=relu2"]
     assert doc["arms"]["s500_relu2"]["control"] == "base500" and doc["arms"]["base500"]["control"] is None
-    assert compare(doc, "s500_relu2")["mean"] == pytest.approx(-0.06)
-    assert compare(doc, "s1500_relu2") == paired([4.20], [4.27])  # seed 7 has no pair
+    c = compare(doc, "s500_relu2")
+    assert c.difference.mean == pytest.approx(-0.06) and c.difference.n == 3
+    # by hand: the differences are -0.05, -0.06, -0.07, so s = 0.01 and t = -0.06 / (0.01 / sqrt 3)
+    assert c.p_value == pytest.approx(2 * stats.t.sf(0.06 / (0.01 / math.sqrt(3)), 2))
+    c = compare(doc, "s1500_relu2")
+    assert c.difference.n == 1 and c.difference.mean == pytest.approx(-0.07)  # seed 7 has no pair
+    assert math.isnan(c.p_value)
     table = render_block(json.loads(json.dumps(doc)))  # as read back from the JSON
     assert "| s500_relu2 | `model.activation=relu2` | 500 | 3 | 4.850 |" in table
     _run(tmp_path, "s1200_relu2", 0, 1200, 4.25, ["model.activation=relu2"])  # equal time: fewer steps
     doc = collect(tmp_path, {"s1200_relu2": "base1500"})
     assert doc["arms"]["s1200_relu2"]["control"] == "base1500"
-    assert compare(doc, "s1200_relu2") == paired([4.25], [4.27])
+    assert compare(doc, "s1200_relu2").difference.mean == pytest.approx(-0.02)
     with pytest.raises(UserError, match="base900"):
         collect(tmp_path, {"s1200_relu2": "base900"})
 

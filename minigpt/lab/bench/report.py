@@ -110,8 +110,9 @@ def format_techniques(r: dict) -> list[str]:
            f"{r['vocab_size']}, {r['dtype']}, {r['threads']} threads): the trainer's step, median of "
            f"{r['repeats']} interleaved calls of {r['steps_per_call']} steps"]
     rows = [[name, _t({"median": x["step_s"], "min": x["min_s"], "max": x["max_s"]}), f"{x['ratio']:.2f}x",
-             f"{x['tokens_per_s']:,.0f}"] for name, x in r["rows"].items()]
-    return out + _table(["switch", "step", "vs default", "tokens/s"], rows)
+             f"{x['tokens_per_s']:,.0f}", f"{x['cpu_ratio']:.2f}x" if "cpu_ratio" in x else "-"]
+            for name, x in r["rows"].items()]
+    return out + _table(["switch", "step", "vs default", "tokens/s", "CPU time vs default"], rows)
 
 
 def format_report(results: dict) -> str:

@@ -11,6 +11,8 @@ default's. A ratio r means a run with the switch fits 1/r of the default's steps
 
 from __future__ import annotations
 
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -70,7 +72,7 @@ def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: tor
 def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 20,
                      steps_per_call: int = 5) -> dict:
     """Median seconds per step of each contender (interleaved calls of `steps_per_call` steps) and the
-    ratio to the default's."""
+    ratio to the default's, in wall time and in this process's CPU time."""
     runtime = resolve_runtime(DeviceConfig(type=device.type), probe_cache=Path(DataConfig().cache_dir))
     cfg, tc = ModelConfig(), TrainerConfig()
     if quick:
@@ -82,16 +84,26 @@ def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 2
     batches = batches.to(runtime.device)
     steps = {name: _step_fn(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
 
-    def calls(step):
-        return lambda: [step() for _ in range(steps_per_call)]
+    # CPU seconds of this process per call beside the wall time: on a CPU shared with other jobs the wall
+    # time also counts the time the scheduler gave them, the CPU time (with threads=1) counts only the work
+    cpu: dict[str, list[float]] = {name: [] for name in steps}
 
-    timings = interleave({name: calls(step) for name, step in steps.items()}, repeats, warmup=2,
+    def calls(name, step):
+        def call():
+            start = time.process_time()
+            for _ in range(steps_per_call):
+                step()
+            cpu[name].append((time.process_time() - start) / steps_per_call)
+        return call
+
+    timings = interleave({name: calls(name, step) for name, step in steps.items()}, repeats, warmup=2,
                          device=runtime.device)
-    base = timings["default"].median
+    base, base_cpu = timings["default"].median, statistics.median(cpu["default"])
     tokens = tc.batch_size * cfg.block_size * steps_per_call
     rows = {name: {"step_s": t.median / steps_per_call, "min_s": t.min / steps_per_call,
                    "max_s": t.max / steps_per_call, "ratio": t.median / base,
-                   "tokens_per_s": tokens / t.median}
+                   "tokens_per_s": tokens / t.median, "cpu_s": statistics.median(cpu[name]),
+                   "cpu_ratio": statistics.median(cpu[name]) / base_cpu}
             for name, t in timings.items()}
     return {"dtype": str(runtime.dtype).removeprefix("torch."), "batch_size": tc.batch_size,
             "block_size": cfg.block_size, "vocab_size": vocab, "repeats": repeats,
