@@ -22,7 +22,7 @@ from minigpt.training.config import TrainConfig
 from minigpt.training.trainer import train
 
 LAB = CONFIG_DIR / "experiment" / "ablation"
-# what each file may change relative to the baseline: exactly one model field (or, for AdamW, the optimizer)
+# what each file may change relative to the baseline: exactly one model field (or, for Muon, the optimizer)
 CHANGES = {
     "no_causal_mask": {"causal": False}, "no_attn_scale": {"attn_scale": "none"},
     "integer_positions": {"pos_encoding": "integer"}, "no_positions": {"pos_encoding": "none"},
@@ -35,10 +35,10 @@ HELPS = {
     "qk_norm": {"qk_norm": True}, "relu2": {"activation": "relu2"},
     "zero_init_proj": {"zero_init_proj": True},
     "value_embeds": {"value_embeds": True}, "smear": {"smear": True}, "bigram_embed": {"bigram_embed": 16384},
-    "logit_softcap": {"logit_softcap": 15.0}, "adamw": {},
+    "logit_softcap": {"logit_softcap": 15.0}, "muon": {},
 }
 CHANGES = {**CHANGES, **HELPS}
-OPTIM_CHANGES = {"adamw": {"name": "adamw"}}
+OPTIM_CHANGES = {"muon": {"name": "muon"}}
 
 
 def _lab(name: str, *extra: str) -> TrainConfig:
