@@ -140,8 +140,10 @@ class GPT(nn.Module):
             if needed > kv_cache.max_len:
                 raise RuntimeError(f"KV cache overflow: {needed} slots needed, {kv_cache.max_len} allocated")
             positions = kv_cache.positions(T)  # (T,) or (B, T) with left padding
-            first_prev = kv_cache.previous_tokens()  # (B,) or None
-            kv_cache.record_tokens(idx)
+            first_prev = None
+            if "smear" in self.transformer or "bigram" in self.transformer:  # the switches that read it
+                first_prev = kv_cache.previous_tokens()  # (B,) or None
+                kv_cache.record_tokens(idx)
             if positions.dim() == 2:
                 # padding slots have negative positions; their outputs are never attended to, but
                 # the table lookups need a valid index

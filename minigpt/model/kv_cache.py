@@ -104,7 +104,9 @@ class KVCache:
 
     def previous_tokens(self) -> torch.Tensor | None:
         """(B,) the token in the last filled slot of each row, or None for an empty cache."""
-        return self.tokens[:, self.length - 1] if self.length else None
+        # a slice, not an integer index: under torch.compile an index by the length would specialise the
+        # graph on it and recompile at every step
+        return self.tokens[:, self.length - 1 : self.length].squeeze(1) if self.length else None
 
     def advance(self, t_new: int) -> None:
         """Mark `t_new` more slots filled. The model calls this once per forward, after the last layer."""

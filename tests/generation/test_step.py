@@ -114,3 +114,21 @@ def test_without_a_cpp_compiler_the_step_stays_eager_with_one_line(monkeypatch, 
     assert not step.compiled
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "C++ compiler" in lines[0] and "eagerly" in lines[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("switches", [{}, {"smear": True, "bigram_embed": 97}], ids=["default", "previous-token"])
+def test_one_compiled_graph_serves_every_cache_length(switches) -> None:
+    """After the prefill and the first steps, a longer cache compiles nothing new: a graph specialised on the
+    cache's length would recompile at every step (and fall back to eager at Dynamo's limit)."""
+    model = _model(block=64, **switches)
+    step = DecodeStep(model, compile=True)
+    cache = model.new_kv_cache(1)
+    token = torch.ones(1, 1, dtype=torch.long)
+    step(torch.ones(1, 8, dtype=torch.long), cache)  # the prefill's graph
+    for _ in range(3):
+        step(token, cache)  # the decode step's graph (Dynamo makes the length dynamic on its second value)
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for _ in range(12):
+            step(token, cache)  # raises on a recompilation
+    assert cache.length == 8 + 15
