@@ -139,8 +139,8 @@ def render_decoding_doc(results: dict, command: str) -> str:
     lines = ["Rendered by `scripts/decoding_doc.py` (`make docs`) from docs/decoding.json, which",
              f"`{command}` rewrites.", "",
              f"These numbers: {run} on {m['device']}, {threads}, torch {m['torch']}; {native}.",
-             "The machine was shared with other jobs while it ran: ratios measured in one run (interleaved",
-             "repeats, medians) are the numbers to read, not absolute speeds.", ""]
+             "Ratios within one run (interleaved repeats, medians) carry from machine to machine; absolute",
+             "speeds are the machine's and its load's.", ""]
     for name, fmt in FORMATTERS.items():
         section = results["sections"].get(name)
         if section is not None:
