@@ -27,8 +27,8 @@ help: ## list the targets
 
 install: .venv/installed ## create .venv (if missing) and install minigpt with its dev tools
 
-test: install ## run the whole test suite
-	$(PY) -m pytest
+test: install ## run the whole test suite, on 2 workers
+	$(PY) -m pytest -n 2
 
 test-fast: install ## the inner loop: every test that starts no process and trains nothing, on 2 workers
 	$(PY) -m pytest -m "not slow" -n 2
