@@ -117,7 +117,8 @@ def test_without_a_cpp_compiler_the_step_stays_eager_with_one_line(monkeypatch, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("switches", [{}, {"smear": True, "bigram_embed": 97}], ids=["default", "previous-token"])
+@pytest.mark.parametrize("switches", [{}, {"smear": True, "bigram_embed": 97}],
+                         ids=["default", "previous-token"])
 def test_one_compiled_graph_serves_every_cache_length(switches) -> None:
     """After the prefill and the first steps, a longer cache compiles nothing new: a graph specialised on the
     cache's length would recompile at every step (and fall back to eager at Dynamo's limit)."""
