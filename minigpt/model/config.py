@@ -78,6 +78,11 @@ class ModelConfig:
         return self.n_kv_head if self.n_kv_head is not None else self.n_head
 
     @property
+    def reads_previous_token(self) -> bool:
+        """Whether a token's embedding also reads the token before it (smear, the bigram table)."""
+        return self.smear or bool(self.bigram_embed)
+
+    @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 

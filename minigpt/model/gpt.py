@@ -141,7 +141,7 @@ class GPT(nn.Module):
                 raise RuntimeError(f"KV cache overflow: {needed} slots needed, {kv_cache.max_len} allocated")
             positions = kv_cache.positions(T)  # (T,) or (B, T) with left padding
             first_prev = None
-            if "smear" in self.transformer or "bigram" in self.transformer:  # the switches that read it
+            if self.config.reads_previous_token:
                 first_prev = kv_cache.previous_tokens()  # (B,) or None
                 kv_cache.record_tokens(idx)
             if positions.dim() == 2:
@@ -186,7 +186,7 @@ class GPT(nn.Module):
         first_prev: (B,) the token before idx[:, 0], or None; positions: (T,) or (B, T), 0 (or clamped
         padding) where a token has no previous one."""
         x = self.transformer.wte(idx)  # (B, T, C)
-        if "smear" not in self.transformer and "bigram" not in self.transformer:
+        if not self.config.reads_previous_token:
             return x
         prev = previous_tokens(idx, first_prev, positions > 0)  # (B, T), -1 where there is none
         if "smear" in self.transformer:
