@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from omegaconf import OmegaConf
 
 from minigpt.model.config import ModelConfig
@@ -42,3 +43,16 @@ def shrunk_config(name: str, **overrides) -> ModelConfig:
 
 def shrunk_model(name: str, **overrides) -> GPT:
     return build_model(shrunk_config(name, **overrides)).eval()
+
+
+def assert_backends_agree(models: list[GPT], idx: torch.Tensor) -> None:
+    """Models with the same weights and different attention backends give the first one's logits and the
+    gradient of its first layer's qkv weight, for a training step on idx (B, T) predicting itself."""
+    outs = []
+    for m in models:
+        logits, loss = m(idx, idx)
+        loss.backward()
+        outs.append((logits, m.transformer.h[0].attn.c_attn.weight.grad))
+    for logits, grad in outs[1:]:
+        torch.testing.assert_close(logits, outs[0][0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(grad, outs[0][1], atol=2e-5, rtol=1e-4)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from cli_helpers import run_script
 from conftest import compose_train, fast_overrides
-from model_helpers import PRESETS, VOCAB, load_preset, shrunk_config, tiny_config
+from model_helpers import PRESETS, VOCAB, assert_backends_agree, load_preset, shrunk_config, tiny_config
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model
@@ -109,15 +109,7 @@ def test_math_sdpa_and_online_agree_under_each_switch(name):
               for b in ("math", "sdpa", "online")]
     for m in models[1:]:
         m.load_state_dict(models[0].state_dict())
-    idx = _tokens()
-    outs = []
-    for m in models:
-        logits, loss = m(idx, idx)
-        loss.backward()
-        outs.append((logits, m.transformer.h[0].attn.c_attn.weight.grad))
-    for logits, grad in outs[1:]:
-        torch.testing.assert_close(logits, outs[0][0], atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(grad, outs[0][1], atol=2e-5, rtol=1e-4)
+    assert_backends_agree(models, _tokens())
 
 
 @pytest.mark.parametrize("backend", ["math", "sdpa", "online"])

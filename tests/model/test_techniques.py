@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from model_helpers import VOCAB, shrunk_config, tiny_config
+from model_helpers import VOCAB, assert_backends_agree, shrunk_config, tiny_config
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import architecture_of
@@ -204,15 +204,7 @@ def test_math_sdpa_and_online_agree_with_the_switch_on(name):
     overrides = ALL_ON if name == "all" else SWITCHES[name]
     models = [_model(attention=b, online_block_size=5, **overrides).train()
               for b in ("math", "sdpa", "online")]
-    idx = _tokens()
-    outs = []
-    for m in models:
-        logits, loss = m(idx, idx)
-        loss.backward()
-        outs.append((logits, m.transformer.h[0].attn.c_attn.weight.grad))
-    for logits, grad in outs[1:]:
-        torch.testing.assert_close(logits, outs[0][0], atol=2e-5, rtol=1e-4)
-        torch.testing.assert_close(grad, outs[0][1], atol=2e-5, rtol=1e-4)
+    assert_backends_agree(models, _tokens())
 
 
 @pytest.mark.parametrize("name", [*SWITCHES, "all"])
