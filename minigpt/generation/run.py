@@ -60,12 +60,12 @@ def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]
 
 
 def _steps(cfg: GenerateConfig, loaded: Loaded, ids: list[int], stop_ids: list[int], stop_fn: StopFn | None,
-           generator: torch.Generator, stats: GenerationStats) -> Iterator[Step]:
-    """The decoding loop `cfg` asks for: speculative (draft=), KV-cached, or the naive reference."""
+           keep: int, generator: torch.Generator, stats: GenerationStats) -> Iterator[Step]:
+    """The decoding loop `cfg` asks for: speculative (draft=), KV-cached, or the naive reference; `keep`
+    tokens survive a window rebuild."""
     model, step = loaded.decoder.model, loaded.decoder.step
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, params=cfg.sampling(loaded.tokenizer.vocab_size),
-                  generator=generator, stop_ids=stop_ids, stop_fn=stop_fn,
-                  keep=default_keep(model.config.block_size, cfg.window_keep_ratio), stats=stats)
+                  generator=generator, stop_ids=stop_ids, stop_fn=stop_fn, keep=keep, stats=stats)
     if loaded.draft is not None:
         draft = loaded.draft
         return speculative_stream_tokens(model, draft.model, ids, num_draft_tokens=cfg.num_draft_tokens,
@@ -87,11 +87,12 @@ def run_samples(
     generator = torch.Generator(device=loaded.decoder.step.device).manual_seed(cfg.seed)
     stats = GenerationStats()
     block_size = loaded.decoder.model.config.block_size
-    seen = window_length(len(ids), block_size, default_keep(block_size, cfg.window_keep_ratio))
+    keep = default_keep(block_size, cfg.window_keep_ratio)
+    seen = window_length(len(ids), block_size, keep)
     if seen < len(ids):  # the window rule (sampling/sequences.py) cuts it: say so rather than hide it
         err.write(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
                   f"{block_size}; it continues from the last {seen} of them\n")
-    steps = _steps(cfg, loaded, ids, stop_ids, stop_strings or None, generator, stats)
+    steps = _steps(cfg, loaded, ids, stop_ids, stop_strings or None, keep, generator, stats)
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
     out.write(prompt)
