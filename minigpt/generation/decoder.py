@@ -2,9 +2,9 @@
 
     load_decoder(checkpoint, ...)   the checkpoint read as the generate command asks (`weights_dtype=`,
                                     int8 included), then `prepare_for_decoding`
-    prepare_for_decoding(model)     eval mode, the product kernels measured on this machine
-                                    (generation/products.py), and the decode step, eager or compiled
-                                    (generation/step.py)
+    prepare_for_decoding(model)     eval mode, the kernels measured on this machine (the products' layout and
+                                    the attention, generation/kernels.py), and the decode step, eager or
+                                    compiled (generation/step.py)
 
 What was chosen, and the measurement it was chosen on, is kept in `Decoder.notes` and logged.
 """
@@ -16,12 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minigpt.checkpoint.load import load_model
-from minigpt.generation.products import (
-    DEFAULT,
-    ProductSetup,
-    choose_int8_activation_dtype,
-    choose_products,
-)
+from minigpt.generation.kernels import Kernels, choose_int8_activation_dtype, choose_kernels
 from minigpt.generation.step import DecodeStep
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import quantize_int8
@@ -39,18 +34,16 @@ class Decoder:
 
 
 def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = False, int8: bool = False,
-                         products: ProductSetup | None = None, notes: list[str] | None = None) -> Decoder:
-    """Eval mode, weights laid out and products set up for `batch_size` rows (measured unless `products` is
+                         kernels: Kernels | None = None, notes: list[str] | None = None) -> Decoder:
+    """Eval mode, weights laid out and kernels chosen for `batch_size` rows (measured unless `kernels` is
     given), and the decode step (`compile`). `int8`: the model's linears are already int8 (`quantize_int8`),
     whose kernel has no layout to choose."""
     notes = list(notes or [])
-    if int8:
-        products = DEFAULT
-    elif products is None:
-        products, why = choose_products(model.lm_head.weight, batch_size)
-        notes.append(f"products {why}")
-    model.prepare_for_inference(in_out_layout=products.in_out_layout)
-    step = DecodeStep(model, compile=compile, products=products)
+    if kernels is None:
+        kernels, why = choose_kernels(model, batch_size, int8)
+        notes.extend(why)
+    model.prepare_for_inference(kernels.layout, batch_size, kernels.attention)
+    step = DecodeStep(model, compile=compile, kernels=kernels)
     notes.append(f"decode step {'compiled' if step.compiled else 'eager'}")
     for note in notes:
         log.debug("%s", note)

@@ -10,6 +10,14 @@ generated kernels (C++ on a CPU, Triton on CUDA) and calls the matrix products d
 little beyond reading the weights. Dynamic shapes make one compiled graph serve every cache length (and
 the few query lengths speculative decoding verifies), instead of a compilation per length.
 
+Before every call of a compiled function, Dynamo checks that nothing its graph was traced from has changed:
+for a model, hundreds of checks of its modules' attributes, which cost more than a small model's whole step.
+A decode step's model is fixed once it is prepared (eval mode, its kernels chosen), so those checks are
+skipped (`torch.compiler.skip_guard_on_all_nn_modules_unsafe`; the checks of the tensors' shapes and dtypes
+stay). What makes that safe is that no other model can reach the step's graphs: Dynamo keeps graphs per code
+object, and each step compiles a copy of `_logits` with a code object of its own
+(tests/generation/test_step.py decodes two models that differ only in such an attribute, one after the other).
+
 The cache is written in place under compilation too (model/kv_cache.py says why its layers have buffers
 of their own); tests/generation/test_step.py checks the compiled step's tokens and logits against the
 eager one's and counts the bytes its kernels touch.
@@ -22,11 +30,13 @@ later runs quicker), so compiling pays for long generations, not for a short sam
 from __future__ import annotations
 
 import logging
+import types
+from collections.abc import Callable
 
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.products import DEFAULT, ProductSetup
+from minigpt.generation.kernels import DEFAULT, Kernels
 from minigpt.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -36,25 +46,33 @@ def _logits(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> tor
     return model(tokens, kv_cache=cache)[0]  # (B, T, V)
 
 
+def compile_step() -> Callable:
+    """`_logits` compiled with dynamic shapes, its graphs its own and the checks of the modules' attributes
+    skipped where this torch can skip them (see the module docstring)."""
+    own = types.FunctionType(_logits.__code__.replace(), _logits.__globals__, _logits.__name__)
+    skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
+    return torch.compile(own, dynamic=True, options={"guard_filter_fn": skip} if skip else None)
+
+
 class DecodeStep:
     """tokens (B, T) fed on top of `cache` -> their logits (B, T, V); eager or compiled (a `DecodeFn`).
 
-    `products` is applied around every call (oneDNN on or off, generation/products.py); `compiled` says
-    what was asked and could be honoured."""
+    `kernels.onednn` is applied around every call (generation/kernels.py; the layout and the attention are the
+    model's own, set when it was prepared); `compiled` says what was asked and could be honoured."""
 
-    def __init__(self, model: torch.nn.Module, *, compile: bool = False, products: ProductSetup = DEFAULT):
-        self.model, self.products = model, products
+    def __init__(self, model: torch.nn.Module, *, compile: bool = False, kernels: Kernels = DEFAULT):
+        self.model, self.kernels = model, kernels
         self.device = device = next(model.parameters()).device
         problem = compile_problem(device) if compile else None
         if problem:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
-        self._forward = torch.compile(_logits, dynamic=True) if self.compiled else _logits
+        self._forward = compile_step() if self.compiled else _logits
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         saved = torch.backends.mkldnn.enabled
-        torch.backends.mkldnn.enabled = self.products.onednn
+        torch.backends.mkldnn.enabled = self.kernels.onednn
         try:
             return self._forward(self.model, tokens, cache)
         finally:

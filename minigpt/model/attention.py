@@ -121,6 +121,9 @@ class CausalSelfAttention(nn.Module):
             self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by GPT.init_weights
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
+        # A single new query on a KV cache (a decode step) may use another backend: the fastest one for that
+        # shape is measured when a model is prepared for decoding (generation/kernels.py). None: `backend`.
+        self.decode_backend: str | None = None
         self.scale = None if config.attn_scale == "sqrt" else 1.0  # None: every backend's 1/√D
         self.online_block_size = config.online_block_size
         self.record_probs = False
@@ -157,20 +160,21 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, H_kv, S, D): cached + new
-        y = self._attend(q, k, v, mask, is_causal)  # (B, H, T, D)
+        one_query_step = kv_cache is not None and T == 1
+        backend = self.decode_backend if one_query_step and self.decode_backend else self.backend
+        y = self._attend(q, k, v, mask, is_causal, backend)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads concatenated
         return self.c_proj(y)
 
-    def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool
-    ) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                is_causal: bool, backend: str) -> torch.Tensor:
         p_drop = self.attn_drop.p if self.training else 0.0
-        if self.record_probs or self.backend == "math":
+        if self.record_probs or backend == "math":
             dropout = self.attn_drop if p_drop > 0 else None
             y, probs = math_attention(q, k, v, mask, is_causal, dropout, self.scale)
             self.probs = probs.detach() if self.record_probs else None
             return y
-        if self.backend == "sdpa":
+        if backend == "sdpa":
             return sdpa_attention(q, k, v, mask, is_causal, p_drop, self.scale)
         return online_attention(
             q, k, v, mask=mask, is_causal=is_causal, block_size=self.online_block_size,

@@ -30,9 +30,11 @@ from minigpt.model.embedding import (
 )
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
+from minigpt.model.packed import pack_linears
 from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
 from minigpt.model.rope import RotaryEmbedding
 
+LAYOUTS = ("out_in", "in_out", "packed")  # how prepare_for_inference stores the linear layers' matrices
 INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
 
 
@@ -198,31 +200,40 @@ class GPT(nn.Module):
         return x
 
     @torch.no_grad()
-    def prepare_for_inference(self, in_out_layout: bool | None = None) -> GPT:
-        """Switch to eval mode and, with in_out_layout, store every linear weight transposed in memory.
+    def prepare_for_inference(self, layout: str = "out_in", rows: int = 1,
+                              decode_attention: str | None = None) -> GPT:
+        """Switch to eval mode, store every linear layer's matrix in `layout` (LAYOUTS) for products of `rows`
+        rows, and let one-query steps on a KV cache attend with `decode_attention` (None: `config.attention`).
 
         nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
-        step that product streams the whole weight from memory, and how fast it does depends on the layout,
-        the dtype and the CPU, in either direction, so the caller decides, best by measuring
-        (generation/products.py does; docs/decoding.md has the numbers); None: (in, out) for float32 on a
-        CPU, as stored otherwise. Each weight keeps its shape, values and name and only changes its memory
-        layout (`w.t().contiguous().t()`); the same nn.Linear runs, with the same arithmetic up to summation
-        order. Training afterwards still computes the right gradients, slowly: call this on a model that will
-        only be sampled or scored. The tied embedding table shares the head's matrix and so its layout; a
-        lookup reads C strided values per token, which costs nothing next to the head. Int8 layers
-        (model/int8.py) have one layout and are left as they are.
+        step that product streams the whole matrix from memory, and how fast it does depends on the layout,
+        the dtype and the CPU, so the caller decides, best by measuring (generation/kernels.py does):
+            out_in   nn.Linear's own layout (and back to it from in_out)
+            in_out   the same (out, in) matrix with strides (1, out): `w.t().contiguous().t()`. The same
+                     nn.Linear runs; training afterwards still computes the right gradients, slowly
+            packed   oneDNN's blocked layout for `rows` rows (model/packed.py): every nn.Linear becomes a
+                     PackedLinear, for inference only, and there is no way back
+        Values and shapes are unchanged (names too, but for packed's buffers); the arithmetic is the same up
+        to the order of the sums. The tied embedding table shares the head's matrix in the first two layouts
+        (a lookup reads one row per token, whatever the strides); packed, the head gets a copy. Int8 layers
+        (model/int8.py) have one layout and are left as they are. Every attention backend computes the same
+        attention (tests/model compares them), so `decode_attention` changes speed, not results.
         """
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
         self.eval()
-        weight = self.transformer.wte.weight
-        if in_out_layout is None:
-            in_out_layout = weight.device.type == "cpu" and weight.dtype == torch.float32
+        for block in self.transformer.h:
+            block.attn.decode_backend = decode_attention
+        if layout == "packed":
+            pack_linears(self, rows)
+            return self
         for module in self.modules():
             if not isinstance(module, nn.Linear):
                 continue
             w = module.weight.data
-            if in_out_layout and w.is_contiguous():
+            if layout == "in_out" and w.is_contiguous():
                 module.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
-            elif not in_out_layout and not w.is_contiguous():
+            elif layout == "out_in" and not w.is_contiguous():
                 module.weight.data = w.contiguous()  # back to nn.Linear's own layout
         return self
 

@@ -62,12 +62,19 @@ def filtered_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     return top_p_filter(x, params.top_p)
 
 
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """(..., V) -> (...) int64: the most likely token, the first of equal maxima. 16-bit logits are compared
+    as float32, which holds every one of them exactly, so the order is theirs: PyTorch's argmax walks 16-bit
+    values one by one, several times slower than its vectorised float32 one."""
+    return logits.float().argmax(dim=-1)
+
+
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution `sample` draws from, (..., V). At T = 0: one-hot on the argmax."""
     if params.vocab_size is not None:
         logits = logits[..., : params.vocab_size]  # (..., V')
     if params.greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+        return torch.nn.functional.one_hot(greedy(logits), logits.shape[-1]).float()
     return torch.softmax(filtered_logits(logits, params), dim=-1)
 
 
@@ -81,7 +88,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
     if params.vocab_size is not None:
         logits = logits[:, : params.vocab_size]  # (B, V')
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return greedy(logits)
     return draw(torch.softmax(filtered_logits(logits, params), dim=-1), u)  # (B,)
 
 

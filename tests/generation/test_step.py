@@ -61,6 +61,22 @@ def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
     assert got == greedy.tokens[0]
 
 
+@pytest.mark.slow
+def test_two_compiled_steps_of_models_that_differ_in_an_attribute_alone_each_decode_their_own() -> None:
+    """The steps skip Dynamo's checks of the modules' attributes: each must still run its own model's graph,
+    not the other's (same shapes and weights; only the blocks' `residual`, a plain attribute, differs)."""
+    plain, other = _model(), _model(residual=False)
+    prompts = [[1, 2, 3]]
+    eager = {}
+    for name, model in (("plain", plain), ("other", other)):
+        eager[name] = _run(model, None, prompts, 6)
+        got = _run(model, DecodeStep(model, compile=True), prompts, 6)
+        for a, b in zip(got.logits, eager[name].logits, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    # the logits differ, so one model running the other's graph would have shown
+    assert (eager["plain"].logits[0] - eager["other"].logits[0]).abs().max() > 1.0
+
+
 class OneBufferCache(KVCache):
     """The layout the cache must not have: one (L, ...) tensor each for K and V, written through views."""
 

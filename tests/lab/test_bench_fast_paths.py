@@ -2,7 +2,8 @@
 
 - the chunked, head-fused cross-entropy (model/chunked_loss.py) against F.cross_entropy on full logits,
 - GPT's training forward with return_logits=False against the plain forward (loss and gradients),
-- `GPT.prepare_for_inference` (weights laid out (in, out) in memory) against the model as trained.
+- `GPT.prepare_for_inference` (weights laid out (in, out) in memory, or packed for oneDNN) against the model
+  as trained.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_prepare_for_inference_changes_the_layout_and_nothing_else() -> None:
     model = _tiny()
     ref = copy.deepcopy(model).eval()
     idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3))
-    prepared = model.prepare_for_inference()
+    prepared = model.prepare_for_inference("in_out")
     assert prepared is model and not model.training
     assert list(model.state_dict()) == list(ref.state_dict())  # same names: checkpoints load as before
     for (name, w), (_, w_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
@@ -88,12 +89,27 @@ def test_prepare_for_inference_changes_the_layout_and_nothing_else() -> None:
         torch.testing.assert_close(model(idx)[0], ref(idx)[0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_model_computes_what_the_trained_one_does(dtype: torch.dtype) -> None:
+    """Logits of a whole window and the fused loss head (which reads the head's matrix, unpacked)."""
+    model = _tiny().to(dtype)
+    ref = copy.deepcopy(model).eval()
+    model.prepare_for_inference("packed", rows=2)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randint(0, 61, (2, 9), generator=g), torch.randint(0, 61, (2, 9), generator=g)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], ref(x)[0], atol=tol, rtol=tol)
+        fused, plain = model(x, y, return_logits=False)[1], ref(x, y)[1]  # the fused loss is float32
+        torch.testing.assert_close(fused, plain.float(), atol=tol, rtol=tol)
+
+
 def test_cached_greedy_decoding_after_prepare_equals_the_naive_path_on_the_trained_layout() -> None:
     from minigpt.sampling.decode import generate
     from minigpt.sampling.params import SamplingParams
 
     model = _tiny().eval()
-    fast = copy.deepcopy(model).prepare_for_inference()
+    fast = copy.deepcopy(model).prepare_for_inference("in_out")
     runs = [generate(m, [[4, 8, 15, 16]], max_new_tokens=12, params=SamplingParams(temperature=0.0),
                      generator=torch.Generator().manual_seed(0), use_cache=c, keep_logits=True)
             for m, c in ((fast, True), (model, False))]
@@ -104,7 +120,7 @@ def test_cached_greedy_decoding_after_prepare_equals_the_naive_path_on_the_train
 
 def test_gradients_after_prepare_for_inference_are_still_right() -> None:
     model = _tiny()
-    other = copy.deepcopy(model).prepare_for_inference().train()
+    other = copy.deepcopy(model).prepare_for_inference("in_out").train()
     x = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(4))
     for m in (model, other):
         m(x, x)[1].backward()

@@ -3,7 +3,7 @@
 A decode step reads every weight once whatever the batch, so while reading weights dominates, a batch of B
 decodes nearly B times the tokens in the same time; throughput stops growing where the step's arithmetic
 (or its KV-cache reads) takes over. Each weights dtype is prepared as `generate num_samples=B` prepares it
-(products measured for B rows, `generation/decoder.py`), and compiled when the bench compiles. The shape is
+(kernels measured for B rows, `generation/kernels.py`), and compiled when the bench compiles. The shape is
 the generation section's (W2); every row decodes `new_tokens` greedily after its own random prompt.
 
 "saturates at" is the smallest batch whose tokens/s is within 10% of the sweep's best: past it, batching
@@ -17,7 +17,7 @@ import copy
 import torch
 
 from minigpt.generation.decoder import prepare_for_decoding, quantize_for_decoding
-from minigpt.generation.products import DEFAULT, choose_products
+from minigpt.generation.kernels import choose_kernels
 from minigpt.lab.bench.generation import GREEDY, SHAPE, kv_bytes_per_token, mbu, weight_bytes
 from minigpt.lab.bench.reference import gpt2_like_config
 from minigpt.lab.bench.timing import interleave
@@ -39,15 +39,16 @@ def bench_decode_batch(device: torch.device, *, batch_sizes: tuple[int, ...] = (
     contenders, decoders, prepared, setups = {}, {}, {}, {}
     for dtype, model in models.items():
         for b in batch_sizes:
-            if dtype == "int8":
-                products, why = DEFAULT, "the int8 kernel"
-            else:
-                products, why = choose_products(model.lm_head.weight, b)
-            if (dtype, products) not in prepared:  # a copy per layout; one compiled step serves every batch
-                prepared[(dtype, products)] = prepare_for_decoding(
-                    copy.deepcopy(model), compile=compile, int8=dtype == "int8", products=products)
-            d = prepared[(dtype, products)]
-            setups[(dtype, b)] = f"products {why}; decode step {'compiled' if d.step.compiled else 'eager'}"
+            kernels, why = choose_kernels(model, b, int8=dtype == "int8")
+            # a copy per setup (packed matrices are packed for their batch size); one compiled step serves
+            # every batch of a setup
+            key = (dtype, kernels, b if kernels.layout == "packed" else None)
+            if key not in prepared:
+                prepared[key] = prepare_for_decoding(copy.deepcopy(model), batch_size=b, compile=compile,
+                                                     int8=dtype == "int8", kernels=kernels)
+            d = prepared[key]
+            step = f"decode step {'compiled' if d.step.compiled else 'eager'}"
+            setups[(dtype, b)] = "; ".join([*why, step])
             prompts = torch.randint(0, SHAPE["vocab_size"], (b, prompt_len), generator=gen).tolist()
             decoders[(dtype, b)] = d
             contenders[f"{dtype} batch {b}"] = lambda d=d, p=prompts: generate(

@@ -28,8 +28,8 @@ def bench_default_decode(device: torch.device, *, prompt_len: int = 16, new_toke
     model = build_model(default_model_config()).to(device).eval()
     decoders = {"eager": prepare_for_decoding(model)}
     if compile:
-        products = decoders["eager"].step.products
-        decoders["compiled"] = prepare_for_decoding(model, compile=True, products=products)
+        kernels = decoders["eager"].step.kernels
+        decoders["compiled"] = prepare_for_decoding(model, compile=True, kernels=kernels)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(4))
     runs = {name: (lambda d=d: minigpt_generate(d.model, prompt.tolist(), new_tokens, step=d.step))

@@ -41,7 +41,9 @@ from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import Int8Linear
+from minigpt.model.packed import PackedLinear
 from minigpt.sampling.decode import generate
+from minigpt.sampling.next_token import greedy
 from minigpt.sampling.params import SamplingParams
 
 SHAPE = {"n_layer": 6, "n_head": 6, "n_embd": 384, "vocab_size": 50304, "block_size": 1024}
@@ -72,15 +74,16 @@ def reference_generate(ref: torch.nn.Module, prompt: torch.Tensor, new_tokens: i
 
 def weight_bytes(model: GPT) -> int:
     """Bytes of the weights one decode step reads: every matrix, norm and bias once (the head's matrix whole,
-    tied to the embedding or not), int8 matrices with their scales, the lookup tables (an untied embedding,
-    the position table) not at all: one row per token."""
+    tied to the embedding or not), int8 matrices with their scales, packed ones as packed, the lookup tables
+    (an untied embedding, the position table) not at all: one row per token."""
     tables = {id(model.transformer.wte.weight)}
     if "wpe" in model.transformer:
         tables.add(id(model.transformer.wpe.weight))
     if isinstance(model.lm_head, torch.nn.Linear):
         tables.discard(id(model.lm_head.weight))  # tied: the head reads the table whole
-    int8 = [b for m in model.modules() if isinstance(m, Int8Linear) for b in m.buffers(recurse=False)]
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *int8] if id(t) not in tables)
+    stored = [b for m in model.modules() if isinstance(m, Int8Linear | PackedLinear)
+              for b in m.buffers(recurse=False)]
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *stored] if id(t) not in tables)
 
 
 def kv_bytes_per_token(model: GPT) -> int:
@@ -107,7 +110,7 @@ def decoders(trained: GPT, compile: bool) -> dict[str, Decoder]:
         out[f"minigpt {dtype}"] = eager
         if compile:
             out[f"minigpt {dtype} compiled"] = prepare_for_decoding(model, int8=is_int8, compile=True,
-                                                                    products=eager.step.products)
+                                                                    kernels=eager.step.kernels)
     return out
 
 
@@ -226,12 +229,12 @@ def step_timer(decoder: Decoder, prefix: torch.Tensor) -> Callable[[], None]:
     cache = model.new_kv_cache(1)
     with torch.no_grad():
         logits, _ = model(prefix, kv_cache=cache, last_only=True)
-    token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+    token = greedy(logits[:, -1]).unsqueeze(1)  # (1, 1)
     filled = cache.length
 
     def step() -> None:
         cache.rewind(filled)
-        decoder.step(token, cache)[:, -1].argmax(dim=-1)
+        greedy(decoder.step(token, cache)[:, -1])
 
     return step
 
@@ -241,12 +244,12 @@ def _reference_step_fn(ref: torch.nn.Module, prefix: torch.Tensor) -> Callable[[
     with torch.no_grad():
         out = ref(input_ids=prefix, use_cache=True, logits_to_keep=1)
     cache = out.cache  # a transformers DynamicCache (transformers >= 5 calls it `cache`)
-    token = out.logits[:, -1].argmax(dim=-1, keepdim=True)  # (1, 1)
+    token = greedy(out.logits[:, -1]).unsqueeze(1)  # (1, 1)
 
     @torch.no_grad()
     def step() -> None:
         out = ref(input_ids=token, cache=cache, use_cache=True, logits_to_keep=1)
-        out.logits[:, -1].argmax(dim=-1)
+        greedy(out.logits[:, -1])
 
     return step
 

@@ -1,0 +1,225 @@
+"""The kernels of a decode step, and which are fastest on this machine, measured.
+
+A decode step multiplies a few rows (one per sequence of the batch) by every weight matrix of the model, and
+attends with one query per row over the cached keys. The products stream each matrix from memory once per
+token, and how fast a kernel streams it depends on the CPU, the dtype and the matrix's layout in ways no rule
+predicts (the kernels tuned for training's large products are not the ones for one row). The attention is
+small, and which kernel runs it with the least overhead depends on the dtype and the cache's length. So the
+candidates are timed, and the fastest is used when it beats PyTorch's default by a clear margin:
+
+    layout     how every linear layer's matrix is stored (GPT.prepare_for_inference): `out_in`, nn.Linear's
+               own; `in_out`, the same matrix transposed in memory; `packed`, oneDNN's blocked layout for the
+               batch's rows (model/packed.py). Timed on the model's largest matrix, the head.
+    oneDNN     on (PyTorch's default) or off around the step: with it on, CPU bfloat16 products of plain
+               matrices go to oneDNN, otherwise to PyTorch's own kernels, and the two differ most for one row
+    attention  the backend of a one-query step (`decode_backend` in model/attention.py): `sdpa`, torch's
+               fused kernel, or `math`, the scores, the softmax and the weighted sum as three ops. Timed at
+               cache lengths across the context, in the model's dtype.
+
+int8 weights (model/int8.py) have a kernel of their own; what is chosen for them is the dtype of the
+activations it multiplies (`choose_int8_activation_dtype`), and the attention as above.
+
+Every measurement is injected in the tests (`measure=`), which check that the choice follows it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from minigpt.device.probe import synchronize
+from minigpt.model.attention import math_attention, sdpa_attention
+from minigpt.model.config import ModelConfig
+from minigpt.model.gpt import GPT
+from minigpt.model.int8 import has_packed_kernel, quantize_per_channel
+from minigpt.model.packed import can_pack, pack, packed_linear
+
+# A candidate must beat the default by this factor to be chosen: the layouts and kernels that differ at all
+# differ by 1.5x and more, so a smaller ratio is timing noise on a shared machine, not a reason to change.
+MIN_SPEEDUP = 1.2
+ATTENTION_BACKENDS = ("sdpa", "math")  # the backends a one-query step can use (online is for teaching)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How a decode step computes. The default is PyTorch's own behaviour and the model's own attention."""
+
+    layout: str = "out_in"  # out_in | in_out | packed (GPT.prepare_for_inference)
+    onednn: bool = True  # torch.backends.mkldnn.enabled during the step
+    attention: str | None = None  # the one-query step's attention backend; None: the model's own
+
+    @property
+    def name(self) -> str:
+        onednn = "" if self.onednn else " without oneDNN"
+        attention = f", {self.attention} attention" if self.attention else ""
+        return f"{self.layout}{onednn}{attention}"
+
+
+DEFAULT = Kernels()
+
+
+def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
+    """Best seconds of each zero-argument call, timed in rounds (A B C, A B C, ...) after a warm-up round."""
+    best = dict.fromkeys(calls, float("inf"))
+    for round_ in range(repeats + 1):
+        for key, call in calls.items():
+            synchronize(device)
+            start = time.perf_counter()
+            call()
+            synchronize(device)
+            if round_:
+                best[key] = min(best[key], time.perf_counter() - start)
+    return best
+
+
+# --- the products -------------------------------------------------------------------------------------------
+
+
+def product_candidates(weight: torch.Tensor) -> list[Kernels]:
+    """The product setups worth timing for `weight`'s dtype and device: none but the default off a CPU; oneDNN
+    on or off only matters for plain 16-bit matrices (float32 ones go to the BLAS library either way)."""
+    if weight.device.type != "cpu":
+        return [DEFAULT]
+    onednn = (True, False) if weight.dtype != torch.float32 else (True,)
+    plain = [Kernels(layout, flag) for layout in ("out_in", "in_out") for flag in onednn]
+    return plain + ([Kernels("packed")] if can_pack(weight) else [])
+
+
+def time_products(weight: torch.Tensor, rows: int, setups: list[Kernels],
+                  repeats: int = 5) -> dict[Kernels, float]:
+    """Best seconds of `rows` rows times `weight`ᵀ (out, in) under each setup."""
+    w = weight.detach()
+    x = torch.ones(rows, w.shape[1], dtype=w.dtype, device=w.device)  # (rows, in)
+    matrices = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
+    if any(s.layout == "packed" for s in setups):
+        matrices["packed"] = pack(w, rows)
+
+    def product(setup: Kernels) -> Callable[[], None]:
+        m = matrices[setup.layout]
+        if setup.layout == "packed":
+            return lambda: packed_linear(x, m, None, w.shape[0])  # (rows, out)
+
+        def call() -> None:
+            saved = torch.backends.mkldnn.enabled
+            torch.backends.mkldnn.enabled = setup.onednn
+            try:
+                F.linear(x, m)  # (rows, out)
+            finally:
+                torch.backends.mkldnn.enabled = saved
+        return call
+
+    return _interleaved_best({s: product(s) for s in setups}, repeats, w.device)
+
+
+ProductMeasure = Callable[[torch.Tensor, int, list[Kernels]], dict[Kernels, float]]
+
+
+def choose_products(weight: torch.Tensor, rows: int,
+                    measure: ProductMeasure = time_products) -> tuple[Kernels, str]:
+    """The product setup for decoding `rows` rows with matrices like `weight` (the head's), and why."""
+    setups = product_candidates(weight)
+    if setups == [DEFAULT]:
+        return DEFAULT, f"{DEFAULT.name}: nothing to choose on {weight.device.type}"
+    return _faster_than_default(measure(weight, rows, setups), DEFAULT, lambda s: s.name)
+
+
+def _faster_than_default(times: dict, default, name: Callable) -> tuple:
+    """The fastest key of `times` if it beats `default` by MIN_SPEEDUP, else `default`; and why, in words."""
+    best = min(times, key=times.get)
+    measured = ", ".join(f"{name(k)} {t * 1e3:.2f} ms" for k, t in times.items())
+    if best == default or times[default] / times[best] < MIN_SPEEDUP:
+        return default, f"{name(default)}: {measured} (nothing {MIN_SPEEDUP}x faster)"
+    return best, f"{name(best)}: {measured} ({times[default] / times[best]:.2f}x {name(default)})"
+
+
+# --- the attention of a one-query step ----------------------------------------------------------------------
+
+
+def cache_lengths(block_size: int) -> list[int]:
+    """The cache lengths a one-query attention is timed at: from a short prompt's to a full context."""
+    return sorted({max(1, block_size // 8), max(1, block_size // 2), block_size})
+
+
+def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
+                   backends: tuple[str, ...], repeats: int = 5) -> dict[str, float]:
+    """Best seconds of each backend attending with `rows` single queries, summed over `cache_lengths`."""
+    gen = torch.Generator().manual_seed(0)
+    total = dict.fromkeys(backends, 0.0)
+    for length in cache_lengths(config.block_size):
+        q = torch.randn(rows, config.n_head, 1, config.head_dim, generator=gen)  # (B, H, 1, D)
+        k, v = (torch.randn(rows, config.kv_heads, length, config.head_dim, generator=gen)  # (B, H_kv, S, D)
+                for _ in range(2))
+        q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
+        calls = {"sdpa": lambda q=q, k=k, v=v: sdpa_attention(q, k, v, None, False, 0.0),
+                 "math": lambda q=q, k=k, v=v: math_attention(q, k, v, None, False)}
+        for backend, seconds in _interleaved_best({b: calls[b] for b in backends}, repeats, device).items():
+            total[backend] += seconds
+    return total
+
+
+AttentionMeasure = Callable[[ModelConfig, torch.dtype, torch.device, int, tuple[str, ...]], dict[str, float]]
+
+
+def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
+                     measure: AttentionMeasure = time_attention) -> tuple[str, str]:
+    """The attention backend for one-query steps of `rows` rows (`config`'s shape, activations in `dtype`),
+    and why. The model's own backend unless the other is clearly faster (`online` is compared as sdpa)."""
+    own = config.attention if config.attention in ATTENTION_BACKENDS else "sdpa"
+    times = measure(config, dtype, device, rows, ATTENTION_BACKENDS)
+    return _faster_than_default(times, own, lambda b: f"{b} attention")
+
+
+def choose_kernels(model: GPT, rows: int, int8: bool, measure_products: ProductMeasure = time_products,
+                   measure_attention: AttentionMeasure = time_attention) -> tuple[Kernels, list[str]]:
+    """The kernels for decoding `rows` rows with `model` (`int8`: its linears are Int8Linear, whose product
+    has no layout to choose), and one line per choice saying why."""
+    products, notes = DEFAULT, []
+    if not int8:
+        products, why = choose_products(model.lm_head.weight, rows, measure_products)
+        notes.append(f"products {why}")
+    table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
+    attention, why = choose_attention(model.config, table.dtype, table.device, rows, measure_attention)
+    notes.append(f"attention {why}")
+    return replace(products, attention=attention), notes
+
+
+# --- int8 ---------------------------------------------------------------------------------------------------
+
+
+def time_int8_activations(weight: torch.Tensor, rows: int, dtypes: list[torch.dtype],
+                          repeats: int = 5) -> dict[torch.dtype, float]:
+    """Best seconds of `_weight_int8pack_mm` on `weight` quantised, `rows` rows of each activation dtype."""
+    q, scale = quantize_per_channel(weight)
+    q = q.to(weight.device)
+
+    def product(dtype: torch.dtype) -> Callable[[], None]:
+        x = torch.ones(rows, q.shape[1], dtype=dtype, device=q.device)  # (rows, in)
+        s = scale.to(device=q.device, dtype=dtype)
+        return lambda: torch.ops.aten._weight_int8pack_mm(x, q, s)  # (rows, out)
+
+    return _interleaved_best({d: product(d) for d in dtypes}, repeats, q.device)
+
+
+Int8Measure = Callable[[torch.Tensor, int, list[torch.dtype]], dict[torch.dtype, float]]
+
+
+def choose_int8_activation_dtype(
+    weight: torch.Tensor, rows: int, measure: Int8Measure = time_int8_activations
+) -> tuple[torch.dtype, str]:
+    """The activation dtype of an int8 model on a CPU (float32 unless bfloat16's kernel is clearly faster),
+    and why. On a GPU: bfloat16 where it has it, else float16, as for 16-bit weights."""
+    if weight.device.type == "cuda":
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return dtype, f"{str(dtype).removeprefix('torch.')} activations on CUDA"
+    if not has_packed_kernel(weight.device, torch.bfloat16, weight.shape[1]):
+        return torch.float32, f"float32 activations: no bfloat16 int8 kernel for {weight.shape[1]} inputs"
+    times = measure(weight, rows, [torch.float32, torch.bfloat16])
+    speedup = times[torch.float32] / times[torch.bfloat16]
+    measured = f"float32 {times[torch.float32] * 1e3:.2f} ms, bfloat16 {times[torch.bfloat16] * 1e3:.2f} ms"
+    if speedup >= MIN_SPEEDUP:
+        return torch.bfloat16, f"bfloat16 activations: {measured} ({speedup:.2f}x)"
+    return torch.float32, f"float32 activations: {measured} (bfloat16 not {MIN_SPEEDUP}x faster)"

@@ -1,0 +1,196 @@
+"""Decoding's kernels: chosen by measurement (generation/kernels.py), and whichever is chosen, the cached path
+gives the tokens and logits of the plain, uncached one."""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import pytest
+import torch
+from model_helpers import tiny_config
+
+from minigpt.generation import decoder, kernels
+from minigpt.generation.kernels import DEFAULT, Kernels
+from minigpt.generation.step import DecodeStep
+from minigpt.model import attention as attention_module
+from minigpt.model.factory import build_model
+from minigpt.model.packed import PackedLinear
+from minigpt.sampling.decode import generate
+from minigpt.sampling.params import SamplingParams
+
+IN_OUT, NO_ONEDNN, BOTH = Kernels("in_out"), Kernels("out_in", False), Kernels("in_out", False)
+PACKED = Kernels("packed")
+
+
+def _tiny(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = build_model(tiny_config(n_layer=2, n_head=2, n_embd=32, block_size=24, vocab_size=61)).eval()
+    return model.to(dtype)
+
+
+def _linears(model) -> list[torch.nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_either_plain_layout_on_either_dtype_changes_strides_and_nothing_else(dtype: torch.dtype) -> None:
+    model = _tiny(dtype)
+    ref = copy.deepcopy(model)
+    model.prepare_for_inference("in_out")
+    for m in _linears(model):
+        assert m.weight.stride() == (1, m.weight.shape[0])  # (out, in) with (in, out) memory
+    for (name, w), (_, w_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+        assert torch.equal(w, w_ref), name
+    model.prepare_for_inference("out_in")  # and back: nn.Linear's own layout
+    assert all(m.weight.is_contiguous() for m in _linears(model))
+    assert model.lm_head.weight is model.transformer.wte.weight  # still tied throughout
+
+
+def test_the_packed_layout_replaces_every_linear_and_keeps_its_matrix() -> None:
+    model = _tiny()
+    ref = copy.deepcopy(model)
+    model.prepare_for_inference("packed", rows=3)
+    assert not _linears(model)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 2 * 4 + 1 and all(m.rows == 3 for m in packed)  # 4 per block and the head
+    for name, m in model.named_modules():
+        if isinstance(m, PackedLinear):
+            assert torch.equal(m.weight, ref.get_submodule(name).weight), name
+    assert torch.equal(model.transformer.wte.weight, ref.transformer.wte.weight)  # the lookup's own table
+    with pytest.raises(ValueError, match="layout='rows'"):
+        model.prepare_for_inference("rows")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("setup", [DEFAULT, IN_OUT, NO_ONEDNN, BOTH, PACKED, Kernels(attention="math"),
+                                   Kernels("packed", attention="sdpa")], ids=lambda s: s.name)
+def test_cached_decoding_on_every_setup_equals_the_uncached_plain_path(dtype, setup: Kernels) -> None:
+    plain = _tiny(dtype)  # as trained: never prepared
+    fast = decoder.prepare_for_decoding(copy.deepcopy(plain), kernels=setup)
+    assert torch.backends.mkldnn.enabled
+    runs = [generate(m, [[4, 8, 15, 16]], max_new_tokens=30, params=SamplingParams(temperature=0.0),
+                     generator=torch.Generator().manual_seed(0), use_cache=cached, keep_logits=True,
+                     step=step)
+            for m, cached, step in ((fast.model, True, fast.step), (plain, False, None))]
+    assert torch.backends.mkldnn.enabled  # the step restores PyTorch's setting after each call
+    assert runs[0].tokens == runs[1].tokens  # 30 tokens past the 24-token context: windows rebuilt
+    tol = 1e-5 if dtype == torch.float32 else 5e-2  # bf16: 8 significant bits, a few roundings apart
+    for a, b in zip(runs[0].logits, runs[1].logits, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def test_the_decode_attention_serves_one_query_steps_only(monkeypatch) -> None:
+    """A prefill (many queries) and speculative verification keep the model's own backend; a decode step of
+    one query per row on the cache uses the chosen one."""
+    calls = []
+    math = attention_module.math_attention
+    monkeypatch.setattr(attention_module, "math_attention",
+                        lambda q, *a, **k: calls.append(q.shape[2]) or math(q, *a, **k))
+    model = _tiny().prepare_for_inference(decode_attention="math")
+    assert model.config.attention == "sdpa"
+    cache = model.new_kv_cache(1)
+    with torch.no_grad():
+        model(torch.tensor([[1, 2, 3, 4, 5]]), kv_cache=cache)  # prefill: sdpa
+        model(torch.tensor([[6]]), kv_cache=cache)  # a decode step: math, in both layers
+        model(torch.tensor([[7, 8]]), kv_cache=cache)  # two queries at once: sdpa
+        model(torch.tensor([[9]]))  # one token without a cache is not a decode step: sdpa
+    assert calls == [1, 1]
+
+
+def test_the_candidates_are_what_can_differ() -> None:
+    assert kernels.product_candidates(torch.zeros(4, 4)) == [DEFAULT, IN_OUT, PACKED]  # float32: oneDNN is on
+    bf16 = torch.zeros(4, 4, dtype=torch.bfloat16)
+    assert set(kernels.product_candidates(bf16)) == {DEFAULT, IN_OUT, NO_ONEDNN, BOTH, PACKED}
+    assert kernels.product_candidates(torch.zeros(4, 4, device="meta")) == [DEFAULT]  # not a CPU: no choice
+
+
+def test_without_onednn_nothing_is_packed(monkeypatch) -> None:
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    assert kernels.product_candidates(torch.zeros(4, 4)) == [DEFAULT, IN_OUT]
+
+
+@pytest.mark.parametrize(("times", "chosen"), [
+    ({DEFAULT: 3.0, IN_OUT: 1.0, NO_ONEDNN: 2.0, BOTH: 4.0, PACKED: 1.5}, IN_OUT),
+    ({DEFAULT: 3.0, IN_OUT: 4.0, NO_ONEDNN: 1.0, BOTH: 2.0, PACKED: 1.5}, NO_ONEDNN),
+    ({DEFAULT: 3.0, IN_OUT: 2.0, NO_ONEDNN: 2.0, BOTH: 4.0, PACKED: 1.0}, PACKED),
+    ({DEFAULT: 1.1, IN_OUT: 1.0, NO_ONEDNN: 1.2, BOTH: 1.3, PACKED: 1.05}, DEFAULT),  # within the noise
+    ({DEFAULT: 1.0, IN_OUT: 2.0, NO_ONEDNN: 2.0, BOTH: 2.0, PACKED: 2.0}, DEFAULT),
+])  # fmt: skip
+def test_the_product_choice_follows_the_measurement(times: dict, chosen: Kernels) -> None:
+    seen = []
+
+    def measure(weight, rows, setups):
+        seen.append((weight.shape, rows, setups))
+        return {s: times[s] for s in setups}
+
+    weight = torch.zeros(61, 32, dtype=torch.bfloat16)
+    setup, why = kernels.choose_products(weight, 4, measure=measure)
+    assert setup == chosen and seen == [((61, 32), 4, kernels.product_candidates(weight))]
+    assert chosen.name in why and "ms" in why
+
+
+@pytest.mark.parametrize(("own", "times", "chosen"), [
+    ("sdpa", {"sdpa": 3.0, "math": 1.0}, "math"),
+    ("sdpa", {"sdpa": 1.1, "math": 1.0}, "sdpa"),  # within the noise margin: the model's own
+    ("math", {"sdpa": 1.0, "math": 3.0}, "sdpa"),
+    ("online", {"sdpa": 1.1, "math": 1.0}, "sdpa"),  # the teaching backend is compared as sdpa
+])  # fmt: skip
+def test_the_attention_choice_follows_the_measurement(own: str, times: dict, chosen: str) -> None:
+    seen = []
+
+    def measure(config, dtype, device, rows, backends):
+        seen.append((config.attention, dtype, rows, backends))
+        return {b: times[b] for b in backends}
+
+    config = tiny_config(attention=own, vocab_size=61)
+    backend, why = kernels.choose_attention(config, torch.bfloat16, torch.device("cpu"), 2, measure)
+    assert backend == chosen and f"{chosen} attention" in why
+    assert seen == [(own, torch.bfloat16, 2, ("sdpa", "math"))]
+
+
+def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(monkeypatch, caplog) -> None:
+    seen = []
+    fake = lambda w, rows, setups: seen.append((w.shape, rows)) or {s: 1.0 + (s != IN_OUT) for s in setups}
+    fake_attention = lambda config, dtype, device, rows, backends: seen.append((dtype, rows)) or {
+        "sdpa": 2.0, "math": 1.0}
+    monkeypatch.setattr(decoder, "choose_kernels",
+                        lambda m, rows, int8: kernels.choose_kernels(m, rows, int8, fake, fake_attention))
+    model = _tiny()
+    with caplog.at_level(logging.DEBUG, logger="minigpt.generation.decoder"):
+        prepared = decoder.prepare_for_decoding(model, batch_size=3)
+    assert prepared.model is model and not model.training
+    assert seen == [((61, 32), 3), (torch.float32, 3)]
+    assert prepared.step.kernels == Kernels("in_out", attention="math")
+    assert all(m.weight.stride()[0] == 1 for m in _linears(model))
+    assert all(block.attn.decode_backend == "math" for block in model.transformer.h)
+    assert "in_out" in caplog.text and "math attention" in caplog.text and "decode step eager" in caplog.text
+
+
+def test_the_measurements_are_real_times() -> None:
+    w = torch.randn(256, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    times = kernels.time_products(w, 2, kernels.product_candidates(w), repeats=1)
+    assert set(times) == set(kernels.product_candidates(w)) and all(0 < t < math.inf for t in times.values())
+    times = kernels.time_int8_activations(w, 1, [torch.float32, torch.bfloat16], repeats=1)
+    assert all(0 < t < math.inf for t in times.values())
+    config = tiny_config(vocab_size=61, block_size=16)
+    times = kernels.time_attention(config, torch.bfloat16, torch.device("cpu"), 2, ("sdpa", "math"),
+                                   repeats=1)
+    assert set(times) == {"sdpa", "math"} and all(0 < t < math.inf for t in times.values())
+    assert kernels.cache_lengths(16) == [2, 8, 16] and kernels.cache_lengths(4) == [1, 2, 4]
+
+
+@pytest.mark.parametrize(("fp32_s", "bf16_s", "chosen"),
+                         [(2.0, 1.0, torch.bfloat16), (1.0, 0.9, torch.float32)])
+def test_int8_activations_follow_the_measurement(fp32_s, bf16_s, chosen) -> None:
+    measure = lambda w, rows, dtypes: {torch.float32: fp32_s, torch.bfloat16: bf16_s}
+    dtype, why = kernels.choose_int8_activation_dtype(torch.zeros(8, 16), 1, measure)
+    assert dtype == chosen and str(chosen).removeprefix("torch.") in why
+    # a layer width bfloat16's kernel cannot take (tests/model/test_int8.py) is not even measured
+    assert kernels.choose_int8_activation_dtype(torch.zeros(8, 40), 1, measure)[0] == torch.float32
+
+
+def test_a_step_without_compile_is_eager_and_reports_it() -> None:
+    step = DecodeStep(_tiny())
+    assert not step.compiled and step.kernels == DEFAULT
