@@ -4,9 +4,9 @@ Read in this order:
     config.py       GenerateConfig, the keys of configs/generate.yaml (no torch)
     text.py         prompts in (files, escapes), streamed text out
     output.py       a stdout whose reader may leave early (`| head`)
-    products.py     which weight layout and kernel a decode step's products use, measured on this machine
+    kernels.py      how a decode step computes (matrix layouts, oneDNN, the attention), measured on this machine
     step.py         the decode step, eager or compiled (`compile=true`)
-    decoder.py      a loaded checkpoint made a decoder: weights dtype (int8 included), products, step
+    decoder.py      a loaded checkpoint made a decoder: weights dtype (int8 included), kernels, step
     speculative.py  speculative decoding: a draft proposes, the model verifies (`draft=`)
     session.py      an interactive session that keeps its KV cache between turns
     run.py          what scripts/generate.py does: load a checkpoint, sample, stream, summarise

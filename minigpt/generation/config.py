@@ -23,7 +23,7 @@ class GenerateConfig:
     seed: int = 1337
     device: InferenceDeviceConfig = field(default_factory=InferenceDeviceConfig)  # `device=cpu|cuda|mps`
     # of the weights and the KV cache; auto: bfloat16 on CUDA, float32 elsewhere; int8: weight-only int8
-    # linear layers (model/int8.py) with float activations, their dtype measured (generation/products.py)
+    # linear layers (model/int8.py) with float activations, their dtype measured (generation/kernels.py)
     weights_dtype: str = "auto"
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
     compile: bool = False  # torch.compile the decode step (generation/step.py); pays for long generations

@@ -42,7 +42,7 @@ def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = Fal
     if kernels is None:
         kernels, why = choose_kernels(model, batch_size, int8)
         notes.extend(why)
-    model.prepare_for_inference(kernels.layout, batch_size, kernels.attention)
+    model.prepare_for_inference(kernels.layout, batch_size, kernels.attention, kernels.head_layout)
     step = DecodeStep(model, compile=compile, kernels=kernels)
     notes.append(f"decode step {'compiled' if step.compiled else 'eager'}")
     for note in notes:

@@ -7,9 +7,11 @@ predicts (the kernels tuned for training's large products are not the ones for o
 small, and which kernel runs it with the least overhead depends on the dtype and the cache's length. So the
 candidates are timed, and the fastest is used when it beats PyTorch's default by a clear margin:
 
-    layout     how every linear layer's matrix is stored (GPT.prepare_for_inference): `out_in`, nn.Linear's
+    layout     how the linear layers' matrices are stored (GPT.prepare_for_inference): `out_in`, nn.Linear's
                own; `in_out`, the same matrix transposed in memory; `packed`, oneDNN's blocked layout for the
-               batch's rows (model/packed.py). Timed on the model's largest matrix, the head.
+               batch's rows (model/packed.py), whose calls cost more but stream faster. Chosen apart for the
+               head and for the blocks' matrices, each timed on the matrices themselves, read one after the
+               other as a step reads them.
     oneDNN     on (PyTorch's default) or off around the step: with it on, CPU bfloat16 products of plain
                matrices go to oneDNN, otherwise to PyTorch's own kernels, and the two differ most for one row
     attention  the backend of a one-query step (`decode_backend` in model/attention.py): `sdpa`, torch's
@@ -30,6 +32,7 @@ from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from minigpt.device.probe import synchronize
 from minigpt.model.attention import math_attention, sdpa_attention
@@ -48,18 +51,22 @@ ATTENTION_BACKENDS = ("sdpa", "math")  # the backends a one-query step can use (
 class Kernels:
     """How a decode step computes. The default is PyTorch's own behaviour and the model's own attention."""
 
-    layout: str = "out_in"  # out_in | in_out | packed (GPT.prepare_for_inference)
+    layout: str = "out_in"  # the blocks' matrices: out_in | in_out | packed (GPT.prepare_for_inference)
+    head_layout: str = "out_in"  # the head's, chosen apart: a large vocabulary makes it the largest by far
     onednn: bool = True  # torch.backends.mkldnn.enabled during the step
     attention: str | None = None  # the one-query step's attention backend; None: the model's own
 
     @property
     def name(self) -> str:
-        onednn = "" if self.onednn else " without oneDNN"
+        onednn = "" if self.onednn else ", without oneDNN"
         attention = f", {self.attention} attention" if self.attention else ""
-        return f"{self.layout}{onednn}{attention}"
+        return f"head {self.head_layout}, blocks {self.layout}{onednn}{attention}"
 
 
 DEFAULT = Kernels()
+# A way to compute products: a layout and the oneDNN flag (a packed matrix is oneDNN's under either flag)
+Products = tuple[str, bool]
+DEFAULT_PRODUCTS: Products = ("out_in", True)
 
 
 def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
@@ -79,61 +86,73 @@ def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
 # --- the products -------------------------------------------------------------------------------------------
 
 
-def product_candidates(weight: torch.Tensor) -> list[Kernels]:
-    """The product setups worth timing for `weight`'s dtype and device: none but the default off a CPU; oneDNN
-    on or off only matters for plain 16-bit matrices (float32 ones go to the BLAS library either way)."""
+def product_candidates(weight: torch.Tensor) -> list[Products]:
+    """The ways worth timing for matrices of `weight`'s dtype and device: none but the default off a CPU;
+    oneDNN on or off only matters for plain 16-bit matrices (float32 ones go to BLAS either way)."""
     if weight.device.type != "cpu":
-        return [DEFAULT]
-    onednn = (True, False) if weight.dtype != torch.float32 else (True,)
-    plain = [Kernels(layout, flag) for layout in ("out_in", "in_out") for flag in onednn]
-    return plain + ([Kernels("packed")] if can_pack(weight) else [])
+        return [DEFAULT_PRODUCTS]
+    flags = (True, False) if weight.dtype != torch.float32 else (True,)
+    plain = [(layout, flag) for layout in ("out_in", "in_out") for flag in flags]
+    return plain + ([("packed", True)] if can_pack(weight) else [])
 
 
-def time_products(weight: torch.Tensor, rows: int, setups: list[Kernels],
-                  repeats: int = 5) -> dict[Kernels, float]:
-    """Best seconds of `rows` rows times `weight`ᵀ (out, in) under each setup."""
-    w = weight.detach()
-    x = torch.ones(rows, w.shape[1], dtype=w.dtype, device=w.device)  # (rows, in)
-    matrices = {"out_in": w.contiguous(), "in_out": w.t().contiguous().t()}  # (out, in) both; strides differ
-    if any(s.layout == "packed" for s in setups):
-        matrices["packed"] = pack(w, rows)
+def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
+                  repeats: int = 5) -> dict[Products, float]:
+    """Best seconds of `rows` rows times each of `matrices` (out, in), one after the other, in each way: as a
+    decode step reads them, so a set larger than the caches streams from memory as it will then."""
+    xs = [torch.ones(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in matrices]  # (rows, in)
+    stored = {"out_in": [w.detach().contiguous() for w in matrices],
+              "in_out": [w.detach().t().contiguous().t() for w in matrices]}  # (out, in) both; strides differ
+    if any(layout == "packed" for layout, _ in ways):
+        stored["packed"] = [pack(w, rows) for w in matrices]
 
-    def product(setup: Kernels) -> Callable[[], None]:
-        m = matrices[setup.layout]
-        if setup.layout == "packed":
-            return lambda: packed_linear(x, m, None, w.shape[0])  # (rows, out)
-
+    def products(layout: str, onednn: bool) -> Callable[[], None]:
         def call() -> None:
             saved = torch.backends.mkldnn.enabled
-            torch.backends.mkldnn.enabled = setup.onednn
+            torch.backends.mkldnn.enabled = onednn
             try:
-                F.linear(x, m)  # (rows, out)
+                for x, w, m in zip(xs, matrices, stored[layout], strict=True):
+                    if layout == "packed":
+                        packed_linear(x, m, None, w.shape[0])  # (rows, out)
+                    else:
+                        F.linear(x, m)  # (rows, out)
             finally:
                 torch.backends.mkldnn.enabled = saved
         return call
 
-    return _interleaved_best({s: product(s) for s in setups}, repeats, w.device)
+    return _interleaved_best({way: products(*way) for way in ways}, repeats, matrices[0].device)
 
 
-ProductMeasure = Callable[[torch.Tensor, int, list[Kernels]], dict[Kernels, float]]
+ProductMeasure = Callable[[list[torch.Tensor], int, list[Products]], dict[Products, float]]
 
 
-def choose_products(weight: torch.Tensor, rows: int,
+def choose_products(head: torch.Tensor, blocks: list[torch.Tensor], rows: int,
                     measure: ProductMeasure = time_products) -> tuple[Kernels, str]:
-    """The product setup for decoding `rows` rows with matrices like `weight` (the head's), and why."""
-    setups = product_candidates(weight)
-    if setups == [DEFAULT]:
-        return DEFAULT, f"{DEFAULT.name}: nothing to choose on {weight.device.type}"
-    return _faster_than_default(measure(weight, rows, setups), DEFAULT, lambda s: s.name)
+    """The layouts (the head's and the blocks' matrices) and oneDNN flag for decoding `rows` rows, and why:
+    each set of matrices timed in every way, the fastest combination under one flag kept if it beats the
+    default by MIN_SPEEDUP."""
+    ways = product_candidates(head)
+    if ways == [DEFAULT_PRODUCTS]:
+        return DEFAULT, f"{DEFAULT.name}: nothing to choose on {head.device.type}"
+    head_s = measure([head], rows, ways)
+    blocks_s = measure(blocks, rows, ways) if blocks else dict.fromkeys(ways, 0.0)
+    totals = {}
+    for flag in sorted({flag for _, flag in ways}, reverse=True):
+        usable = [way for way in ways if way[1] == flag or way[0] == "packed"]
+        h, b = min(usable, key=head_s.get), min(usable, key=blocks_s.get)
+        totals[Kernels(b[0], h[0], flag)] = head_s[h] + blocks_s[b]
+    best = min(totals, key=totals.get)
+    default_s = head_s[DEFAULT_PRODUCTS] + blocks_s[DEFAULT_PRODUCTS]
+    measured = f"head {_ways(head_s)}; {len(blocks)} block matrices {_ways(blocks_s)}"
+    if best == DEFAULT or default_s / totals[best] < MIN_SPEEDUP:
+        return DEFAULT, f"{DEFAULT.name}: {measured} (nothing {MIN_SPEEDUP}x faster)"
+    return best, (f"{best.name}: {measured} ({totals[best] * 1e3:.2f} ms against {default_s * 1e3:.2f}, "
+                  f"{default_s / totals[best]:.2f}x)")
 
 
-def _faster_than_default(times: dict, default, name: Callable) -> tuple:
-    """The fastest key of `times` if it beats `default` by MIN_SPEEDUP, else `default`; and why, in words."""
-    best = min(times, key=times.get)
-    measured = ", ".join(f"{name(k)} {t * 1e3:.2f} ms" for k, t in times.items())
-    if best == default or times[default] / times[best] < MIN_SPEEDUP:
-        return default, f"{name(default)}: {measured} (nothing {MIN_SPEEDUP}x faster)"
-    return best, f"{name(best)}: {measured} ({times[default] / times[best]:.2f}x {name(default)})"
+def _ways(seconds: dict[Products, float]) -> str:
+    return ", ".join(f"{layout}{'' if flag else ' without oneDNN'} {s * 1e3:.2f} ms"
+                     for (layout, flag), s in seconds.items())
 
 
 # --- the attention of a one-query step ----------------------------------------------------------------------
@@ -170,7 +189,11 @@ def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.devi
     and why. The model's own backend unless the other is clearly faster (`online` is compared as sdpa)."""
     own = config.attention if config.attention in ATTENTION_BACKENDS else "sdpa"
     times = measure(config, dtype, device, rows, ATTENTION_BACKENDS)
-    return _faster_than_default(times, own, lambda b: f"{b} attention")
+    best = min(times, key=times.get)
+    measured = ", ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
+    if times[own] / times[best] < MIN_SPEEDUP:
+        return own, f"{own} attention: {measured} (nothing {MIN_SPEEDUP}x faster)"
+    return best, f"{best} attention: {measured} ({times[own] / times[best]:.2f}x {own})"
 
 
 def choose_kernels(model: GPT, rows: int, int8: bool, measure_products: ProductMeasure = time_products,
@@ -179,7 +202,8 @@ def choose_kernels(model: GPT, rows: int, int8: bool, measure_products: ProductM
     has no layout to choose), and one line per choice saying why."""
     products, notes = DEFAULT, []
     if not int8:
-        products, why = choose_products(model.lm_head.weight, rows, measure_products)
+        blocks = [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
+        products, why = choose_products(model.lm_head.weight, blocks, rows, measure_products)
         notes.append(f"products {why}")
     table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
     attention, why = choose_attention(model.config, table.dtype, table.device, rows, measure_attention)

@@ -30,7 +30,7 @@ from minigpt.model.embedding import (
 )
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
-from minigpt.model.packed import pack_linears
+from minigpt.model.packed import PackedLinear
 from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
 from minigpt.model.rope import RotaryEmbedding
 
@@ -201,40 +201,38 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def prepare_for_inference(self, layout: str = "out_in", rows: int = 1,
-                              decode_attention: str | None = None) -> GPT:
-        """Switch to eval mode, store every linear layer's matrix in `layout` (LAYOUTS) for products of `rows`
-        rows, and let one-query steps on a KV cache attend with `decode_attention` (None: `config.attention`).
+                              decode_attention: str | None = None, head_layout: str | None = None) -> GPT:
+        """Switch to eval mode, store the blocks' linear matrices in `layout` and the head's in `head_layout`
+        (LAYOUTS; None: `layout`) for products of `rows` rows, and let one-query steps on a KV cache attend
+        with `decode_attention` (None: `config.attention`).
 
         nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
         step that product streams the whole matrix from memory, and how fast it does depends on the layout,
-        the dtype and the CPU, so the caller decides, best by measuring (generation/kernels.py does):
+        the dtype, the matrix's size and the CPU, so the caller decides, best by measuring
+        (generation/kernels.py does):
             out_in   nn.Linear's own layout (and back to it from in_out)
             in_out   the same (out, in) matrix with strides (1, out): `w.t().contiguous().t()`. The same
                      nn.Linear runs; training afterwards still computes the right gradients, slowly
-            packed   oneDNN's blocked layout for `rows` rows (model/packed.py): every nn.Linear becomes a
+            packed   oneDNN's blocked layout for `rows` rows (model/packed.py): the nn.Linear becomes a
                      PackedLinear, for inference only, and there is no way back
         Values and shapes are unchanged (names too, but for packed's buffers); the arithmetic is the same up
-        to the order of the sums. The tied embedding table shares the head's matrix in the first two layouts
-        (a lookup reads one row per token, whatever the strides); packed, the head gets a copy. Int8 layers
+        to the order of the sums. The tied embedding table shares the head's matrix in the plain layouts (a
+        lookup reads one row per token, whatever the strides); packed, the head gets a copy. Int8 layers
         (model/int8.py) have one layout and are left as they are. Every attention backend computes the same
         attention (tests/model compares them), so `decode_attention` changes speed, not results.
         """
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout={layout!r} is not one of {LAYOUTS}")
+        head_layout = layout if head_layout is None else head_layout
+        for name in (layout, head_layout):
+            if name not in LAYOUTS:
+                raise ValueError(f"layout={name!r} is not one of {LAYOUTS}")
         self.eval()
         for block in self.transformer.h:
             block.attn.decode_backend = decode_attention
-        if layout == "packed":
-            pack_linears(self, rows)
-            return self
-        for module in self.modules():
-            if not isinstance(module, nn.Linear):
-                continue
-            w = module.weight.data
-            if layout == "in_out" and w.is_contiguous():
-                module.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
-            elif layout == "out_in" and not w.is_contiguous():
-                module.weight.data = w.contiguous()  # back to nn.Linear's own layout
+        for parent in list(self.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    chosen = head_layout if child is self.lm_head else layout
+                    setattr(parent, name, _laid_out(child, chosen, rows))
         return self
 
     @torch.no_grad()
@@ -285,6 +283,18 @@ class GPT(nn.Module):
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,
         )
+
+
+def _laid_out(linear: nn.Linear, layout: str, rows: int) -> nn.Module:
+    """`linear` with its matrix in `layout` (see GPT.prepare_for_inference): itself, or a PackedLinear."""
+    if layout == "packed":
+        return PackedLinear.from_linear(linear, rows)
+    w = linear.weight.data
+    if layout == "in_out" and w.is_contiguous():
+        linear.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
+    elif layout == "out_in" and not w.is_contiguous():
+        linear.weight.data = w.contiguous()  # back to nn.Linear's own layout
+    return linear
 
 
 def _starts_at_zero(cfg: ModelConfig, name: str) -> bool:

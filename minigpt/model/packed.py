@@ -15,7 +15,7 @@ calls a library kernel. `PackedLinear.weight` unpacks the matrix on access, for 
 itself.
 
 Packing is for decoding on a CPU with oneDNN (`can_pack`); whether it pays is measured, never assumed
-(generation/products.py). A packed model is for inference only: its matrices are buffers, not parameters.
+(generation/kernels.py). A packed model is for inference only: its matrices are buffers, not parameters.
 """
 
 from __future__ import annotations
@@ -23,17 +23,27 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# The operator is declared through torch.library's low-level API rather than `torch.library.custom_op`, whose
+# Python wrapper adds several microseconds to every call: a decode step makes one call per matrix.
+_LIBRARY = torch.library.Library("minigpt", "DEF")
+_LIBRARY.define("packed_linear(Tensor x, Tensor packed, Tensor? bias, int out_features) -> Tensor")
 
-@torch.library.custom_op("minigpt::packed_linear", mutates_args=())
-def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
-                  out_features: int) -> torch.Tensor:
-    """x (..., in) times the packed (out, in) matrix, plus bias -> (..., out)."""
+
+@torch.library.impl(_LIBRARY, "packed_linear", "CompositeExplicitAutograd")
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                   out_features: int) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-@packed_linear.register_fake
+@torch.library.register_fake("minigpt::packed_linear")
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], out_features)  # what torch.compile traces: the shape and dtype only
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                  out_features: int) -> torch.Tensor:
+    """x (..., in) times the packed (out, in) matrix, plus bias (out,) or None -> (..., out)."""
+    return torch.ops.minigpt.packed_linear(x, packed, bias, out_features)
 
 
 def can_pack(weight: torch.Tensor) -> bool:
@@ -75,14 +85,3 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, rows={self.rows}"
-
-
-@torch.no_grad()
-def pack_linears(model: nn.Module, rows: int) -> nn.Module:
-    """Replace every nn.Linear of `model` by a PackedLinear for `rows` rows, in place; returns `model`. A head
-    tied to the embedding gets a packed copy of the table (the lookup keeps reading the plain one)."""
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(parent, name, PackedLinear.from_linear(child, rows))
-    return model

@@ -20,8 +20,11 @@ from minigpt.model.packed import PackedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
-IN_OUT, NO_ONEDNN, BOTH = Kernels("in_out"), Kernels("out_in", False), Kernels("in_out", False)
-PACKED = Kernels("packed")
+OI, OI_OFF, IO, IO_OFF = ("out_in", True), ("out_in", False), ("in_out", True), ("in_out", False)
+PK = ("packed", True)  # a packed matrix is oneDNN's under either flag
+SETUPS = [DEFAULT, Kernels("in_out", "in_out"), Kernels("out_in", "out_in", False),
+          Kernels("in_out", "in_out", False), Kernels("packed", "packed"), Kernels("in_out", "packed", False),
+          Kernels(attention="math"), Kernels("packed", "out_in", attention="sdpa")]
 
 
 def _tiny(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -60,12 +63,18 @@ def test_the_packed_layout_replaces_every_linear_and_keeps_its_matrix() -> None:
             assert torch.equal(m.weight, ref.get_submodule(name).weight), name
     assert torch.equal(model.transformer.wte.weight, ref.transformer.wte.weight)  # the lookup's own table
     with pytest.raises(ValueError, match="layout='rows'"):
-        model.prepare_for_inference("rows")
+        model.prepare_for_inference("out_in", head_layout="rows")
+
+
+def test_the_head_and_the_blocks_take_their_own_layouts() -> None:
+    model = _tiny().prepare_for_inference("in_out", head_layout="packed")
+    assert isinstance(model.lm_head, PackedLinear)
+    assert all(m.weight.stride() == (1, m.weight.shape[0]) for m in _linears(model))  # the blocks: in_out
+    assert len(_linears(model)) == 2 * 4
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("setup", [DEFAULT, IN_OUT, NO_ONEDNN, BOTH, PACKED, Kernels(attention="math"),
-                                   Kernels("packed", attention="sdpa")], ids=lambda s: s.name)
+@pytest.mark.parametrize("setup", SETUPS, ids=lambda s: s.name)
 def test_cached_decoding_on_every_setup_equals_the_uncached_plain_path(dtype, setup: Kernels) -> None:
     plain = _tiny(dtype)  # as trained: never prepared
     fast = decoder.prepare_for_decoding(copy.deepcopy(plain), kernels=setup)
@@ -100,35 +109,41 @@ def test_the_decode_attention_serves_one_query_steps_only(monkeypatch) -> None:
 
 
 def test_the_candidates_are_what_can_differ() -> None:
-    assert kernels.product_candidates(torch.zeros(4, 4)) == [DEFAULT, IN_OUT, PACKED]  # float32: oneDNN is on
+    # float32: oneDNN's flag changes nothing for plain matrices (BLAS), and a packed one is oneDNN's anyway
+    assert kernels.product_candidates(torch.zeros(4, 4)) == [OI, IO, PK]
     bf16 = torch.zeros(4, 4, dtype=torch.bfloat16)
-    assert set(kernels.product_candidates(bf16)) == {DEFAULT, IN_OUT, NO_ONEDNN, BOTH, PACKED}
-    assert kernels.product_candidates(torch.zeros(4, 4, device="meta")) == [DEFAULT]  # not a CPU: no choice
+    assert kernels.product_candidates(bf16) == [OI, OI_OFF, IO, IO_OFF, PK]
+    assert kernels.product_candidates(torch.zeros(4, 4, device="meta")) == [OI]  # not a CPU
 
 
 def test_without_onednn_nothing_is_packed(monkeypatch) -> None:
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
-    assert kernels.product_candidates(torch.zeros(4, 4)) == [DEFAULT, IN_OUT]
+    assert kernels.product_candidates(torch.zeros(4, 4)) == [OI, IO]
 
 
-@pytest.mark.parametrize(("times", "chosen"), [
-    ({DEFAULT: 3.0, IN_OUT: 1.0, NO_ONEDNN: 2.0, BOTH: 4.0, PACKED: 1.5}, IN_OUT),
-    ({DEFAULT: 3.0, IN_OUT: 4.0, NO_ONEDNN: 1.0, BOTH: 2.0, PACKED: 1.5}, NO_ONEDNN),
-    ({DEFAULT: 3.0, IN_OUT: 2.0, NO_ONEDNN: 2.0, BOTH: 4.0, PACKED: 1.0}, PACKED),
-    ({DEFAULT: 1.1, IN_OUT: 1.0, NO_ONEDNN: 1.2, BOTH: 1.3, PACKED: 1.05}, DEFAULT),  # within the noise
-    ({DEFAULT: 1.0, IN_OUT: 2.0, NO_ONEDNN: 2.0, BOTH: 2.0, PACKED: 2.0}, DEFAULT),
+@pytest.mark.parametrize(("head", "blocks", "chosen"), [
+    ({OI: 3.0, OI_OFF: 2.0, IO: 4.0, IO_OFF: 4.0, PK: 1.0},
+     {OI: 1.0, OI_OFF: 0.5, IO: 1.0, IO_OFF: 1.0, PK: 2.0}, Kernels("out_in", "packed", False)),  # any flag
+    ({OI: 3.0, OI_OFF: 2.0, IO: 4.0, IO_OFF: 4.0, PK: 1.0},
+     {OI: 1.0, OI_OFF: 2.5, IO: 1.0, IO_OFF: 1.0, PK: 2.0}, Kernels("out_in", "packed", True)),
+    ({OI: 3.0, OI_OFF: 3.0, IO: 1.0, IO_OFF: 4.0, PK: 2.0},
+     {OI: 3.0, OI_OFF: 3.0, IO: 3.0, IO_OFF: 3.0, PK: 1.0}, Kernels("packed", "in_out", True)),
+    ({OI: 1.1, OI_OFF: 1.2, IO: 1.0, IO_OFF: 1.3, PK: 1.0},
+     {OI: 1.0, OI_OFF: 1.0, IO: 1.0, IO_OFF: 1.0, PK: 1.0}, DEFAULT),  # within the noise margin
 ])  # fmt: skip
-def test_the_product_choice_follows_the_measurement(times: dict, chosen: Kernels) -> None:
+def test_the_product_choice_follows_the_measurement(head: dict, blocks: dict, chosen: Kernels) -> None:
     seen = []
 
-    def measure(weight, rows, setups):
-        seen.append((weight.shape, rows, setups))
-        return {s: times[s] for s in setups}
+    def measure(matrices, rows, ways):
+        seen.append(([m.shape for m in matrices], rows, ways))
+        return {w: (head if len(matrices) == 1 else blocks)[w] for w in ways}
 
-    weight = torch.zeros(61, 32, dtype=torch.bfloat16)
-    setup, why = kernels.choose_products(weight, 4, measure=measure)
-    assert setup == chosen and seen == [((61, 32), 4, kernels.product_candidates(weight))]
-    assert chosen.name in why and "ms" in why
+    head_w = torch.zeros(61, 32, dtype=torch.bfloat16)
+    blocks_w = [torch.zeros(96, 32, dtype=torch.bfloat16), torch.zeros(32, 32, dtype=torch.bfloat16)]
+    setup, why = kernels.choose_products(head_w, blocks_w, 4, measure=measure)
+    ways = kernels.product_candidates(head_w)
+    assert setup == chosen and seen == [([(61, 32)], 4, ways), ([(96, 32), (32, 32)], 4, ways)]
+    assert chosen.name in why and "ms" in why and "2 block matrices" in why
 
 
 @pytest.mark.parametrize(("own", "times", "chosen"), [
@@ -152,7 +167,7 @@ def test_the_attention_choice_follows_the_measurement(own: str, times: dict, cho
 
 def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(monkeypatch, caplog) -> None:
     seen = []
-    fake = lambda w, rows, setups: seen.append((w.shape, rows)) or {s: 1.0 + (s != IN_OUT) for s in setups}
+    fake = lambda ms, rows, ways: seen.append((len(ms), rows)) or {w: 1.0 + (w != IO) for w in ways}
     fake_attention = lambda config, dtype, device, rows, backends: seen.append((dtype, rows)) or {
         "sdpa": 2.0, "math": 1.0}
     monkeypatch.setattr(decoder, "choose_kernels",
@@ -161,8 +176,8 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
     with caplog.at_level(logging.DEBUG, logger="minigpt.generation.decoder"):
         prepared = decoder.prepare_for_decoding(model, batch_size=3)
     assert prepared.model is model and not model.training
-    assert seen == [((61, 32), 3), (torch.float32, 3)]
-    assert prepared.step.kernels == Kernels("in_out", attention="math")
+    assert seen == [(1, 3), (2 * 4, 3), (torch.float32, 3)]  # the head, the blocks' matrices, the attention
+    assert prepared.step.kernels == Kernels("in_out", "in_out", attention="math")
     assert all(m.weight.stride()[0] == 1 for m in _linears(model))
     assert all(block.attn.decode_backend == "math" for block in model.transformer.h)
     assert "in_out" in caplog.text and "math attention" in caplog.text and "decode step eager" in caplog.text
@@ -170,8 +185,9 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
 
 def test_the_measurements_are_real_times() -> None:
     w = torch.randn(256, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    times = kernels.time_products(w, 2, kernels.product_candidates(w), repeats=1)
-    assert set(times) == set(kernels.product_candidates(w)) and all(0 < t < math.inf for t in times.values())
+    ways = kernels.product_candidates(w)
+    times = kernels.time_products([w, w[:32]], 2, ways, repeats=1)
+    assert set(times) == set(ways) and all(0 < t < math.inf for t in times.values())
     times = kernels.time_int8_activations(w, 1, [torch.float32, torch.bfloat16], repeats=1)
     assert all(0 < t < math.inf for t in times.values())
     config = tiny_config(vocab_size=61, block_size=16)

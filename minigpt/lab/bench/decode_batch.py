@@ -42,7 +42,7 @@ def bench_decode_batch(device: torch.device, *, batch_sizes: tuple[int, ...] = (
             kernels, why = choose_kernels(model, b, int8=dtype == "int8")
             # a copy per setup (packed matrices are packed for their batch size); one compiled step serves
             # every batch of a setup
-            key = (dtype, kernels, b if kernels.layout == "packed" else None)
+            key = (dtype, kernels, b if "packed" in (kernels.layout, kernels.head_layout) else None)
             if key not in prepared:
                 prepared[key] = prepare_for_decoding(copy.deepcopy(model), batch_size=b, compile=compile,
                                                      int8=dtype == "int8", kernels=kernels)
