@@ -105,15 +105,27 @@ class MatmulProbe:
         return self.bf16_flops / self.fp32_flops
 
 
-def cpu_model() -> str:
-    """The CPU's model name (`AMD EPYC 7763 64-Core Processor`) from /proc/cpuinfo; elsewhere platform's."""
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (`AMD EPYC 7763 64-Core Processor`) from /proc/cpuinfo; elsewhere platform's.
+
+    Virtual machines often report a bare family name (`AMD EPYC`) that two generations share, with different
+    speeds and instruction sets; the x86 family and model numbers then tell them apart:
+    `AMD EPYC (family 26, model 2)`."""
+    fields: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+        for line in cpuinfo.read_text().splitlines():
+            if not line.strip() and fields:
+                break  # the first processor's block is enough
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass  # not Linux
-    return platform.processor() or platform.machine()
+    name = fields.get("model name")
+    if not name:
+        return platform.processor() or platform.machine()
+    if not any(c.isdigit() for c in name) and "cpu family" in fields and "model" in fields:
+        return f"{name} (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def machine_key() -> str:

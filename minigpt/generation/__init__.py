@@ -4,7 +4,7 @@ Read in this order:
     config.py       GenerateConfig, the keys of configs/generate.yaml (no torch)
     text.py         prompts in (files, escapes), streamed text out
     output.py       a stdout whose reader may leave early (`| head`)
-    kernels.py      how a decode step computes (matrix layouts, oneDNN, the attention), measured on this machine
+    kernels.py      how a decode step computes (matrix layouts, oneDNN, attention), measured on this machine
     step.py         the decode step, eager or compiled (`compile=true`)
     decoder.py      a loaded checkpoint made a decoder: weights dtype (int8 included), kernels, step
     speculative.py  speculative decoding: a draft proposes, the model verifies (`draft=`)

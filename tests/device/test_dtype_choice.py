@@ -140,3 +140,17 @@ def test_the_trainers_first_log_line_says_the_dtype_and_why(make_train_cfg, tmp_
     first = caplog.records[0].getMessage()
     assert first.startswith("device cpu, autocast dtype bfloat16 (auto: measured 256x256 matmuls"), first
     assert (Path(cfg.data.cache_dir) / "device_probe.json").is_file()  # cached beside the prepared data
+
+
+@pytest.mark.parametrize(("cpuinfo", "named"), [
+    ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+     "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n",
+     "AMD EPYC (family 26, model 2)"),  # the first processor's numbers
+    ("cpu family\t: 25\nmodel\t\t: 1\nmodel name\t: AMD EPYC 7763 64-Core Processor\n",
+     "AMD EPYC 7763 64-Core Processor"),  # a name that tells the generation already stays as it is
+    ("processor\t: 0\nmodel name\t: Intel Xeon Processor\n", "Intel Xeon Processor"),  # no numbers to add
+])  # fmt: skip
+def test_the_cpu_is_named_so_that_generations_differ(tmp_path, cpuinfo: str, named: str) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text(cpuinfo)
+    assert probe_mod.cpu_model(path) == named
