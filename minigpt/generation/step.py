@@ -46,7 +46,7 @@ def _logits(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> tor
     return model(tokens, kv_cache=cache)[0]  # (B, T, V)
 
 
-def compile_step() -> Callable:
+def _compiled_logits() -> Callable:
     """`_logits` compiled with dynamic shapes, its graphs its own and the checks of the modules' attributes
     skipped where this torch can skip them (see the module docstring)."""
     own = types.FunctionType(_logits.__code__.replace(), _logits.__globals__, _logits.__name__)
@@ -67,7 +67,7 @@ class DecodeStep:
         if problem:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
-        self._forward = compile_step() if self.compiled else _logits
+        self._forward = _compiled_logits() if self.compiled else _logits
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
