@@ -8,6 +8,7 @@ samples are still generated to the end and returned whole.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -24,6 +25,7 @@ from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unescape
 from minigpt.sampling.decode import stream_tokens
 from minigpt.sampling.naive import naive_stream_tokens
+from minigpt.sampling.params import SamplingParams
 from minigpt.sampling.sequences import GenerationStats, Step, StopFn, StopStrings, default_keep, window_length
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
@@ -38,6 +40,7 @@ class Loaded:
     tokenizer: Any
     meta: dict
     draft: Decoder | None = None
+    compile_s: float = 0.0  # compiling the decode steps (compile=true), before any prompt is read
 
 
 def load_for_generation(cfg: GenerateConfig) -> Loaded:
@@ -51,7 +54,30 @@ def load_for_generation(cfg: GenerateConfig) -> Loaded:
         if draft_meta.get(TOKENIZER_HASHES) != meta.get(TOKENIZER_HASHES):
             raise UserError(f"draft={cfg.draft!r} was trained with another tokenizer than the checkpoint; "
                             "speculative decoding needs one tokenizer (its drafts are token ids)")
-    return Loaded(decoder, tokenizer, meta, draft)
+    return Loaded(decoder, tokenizer, meta, draft, compile_now(cfg, decoder, draft))
+
+
+def compile_now(cfg: GenerateConfig, decoder: Decoder, draft: Decoder | None) -> float:
+    """With compile=true, compile the decode steps now, by a throwaway greedy generation of a few tokens down
+    the path the prompt will take (speculative or not, `cfg.num_samples` rows), so that the summary's speed is
+    decoding's, not compilation's; returns the seconds it took (0 for eager steps)."""
+    if not (decoder.step.compiled or (draft is not None and draft.step.compiled)):
+        return 0.0
+    start = time.perf_counter()
+    prompt, greedy = [0, 0], SamplingParams(0.0)  # any ids: the graphs depend on shapes, not values
+    generator = torch.Generator(device=decoder.step.device)
+    # two forwards at two cache lengths: the second compiles the graph that serves every length
+    if draft is not None:  # two verification rounds
+        k = cfg.num_draft_tokens
+        steps = speculative_stream_tokens(decoder.model, draft.model, prompt, params=greedy,
+                                          generator=generator, max_new_tokens=2 * (k + 1) + 1,
+                                          num_draft_tokens=k, step=decoder.step, draft_step=draft.step)
+    else:  # two decode steps
+        steps = stream_tokens(decoder.model, [prompt] * cfg.num_samples, max_new_tokens=3, params=greedy,
+                              generator=generator, step=decoder.step)
+    for _ in steps:
+        pass
+    return time.perf_counter() - start
 
 
 def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]:
@@ -85,7 +111,7 @@ def run_samples(
     ids = encode_prompt(tokenizer, prompt)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
     generator = torch.Generator(device=loaded.decoder.step.device).manual_seed(cfg.seed)
-    stats = GenerationStats()
+    stats = GenerationStats(compile_s=loaded.compile_s)
     block_size = loaded.decoder.model.config.block_size
     keep = default_keep(block_size, cfg.window_keep_ratio)
     seen = window_length(len(ids), block_size, keep)

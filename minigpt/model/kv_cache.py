@@ -16,7 +16,10 @@ tokens start at slot `pad[b]`; slots before that are never attended to, and row 
 slot s has position s - pad[b]. So each row sees exactly what it would see if it were alone.
 
 `length` is a plain int, the same for every row. Under torch.compile it becomes a symbolic size
-(`torch.compile(..., dynamic=True)`), so one compiled decode step serves every length.
+(`torch.compile(..., dynamic=True)`), so one compiled decode step serves every length. The buffers hold one
+slot more than the `max_len` a cache may fill: a view of the filled slots is then never the whole buffer,
+a case torch.compile would otherwise tell apart with a graph of its own, compiled the first time a
+generation reaches the end of its context.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 
 
 class KVCache:
-    """Per-layer K/V buffers, `k[l]` and `v[l]` of shape (B, H_kv, T_max, D), filled up to `length` slots."""
+    """Per-layer K/V buffers, `k[l]` and `v[l]` of shape (B, H_kv, T_max + 1, D), filled up to `length` slots
+    (at most T_max = `max_len`; the last slot is never used, see the module docstring)."""
 
     def __init__(
         self,
@@ -38,16 +42,16 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (batch_size, n_kv_head, max_len, head_dim)
+        shape = (batch_size, n_kv_head, max_len + 1, head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
         self.device, self.dtype = self.k[0].device, dtype
         self.max_len = max_len
         self.length = 0  # slots filled, the same for every row (rows differ only in padding)
         self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
-        # (B, T_max) the token id in each slot: models that read the previous token (model/previous_token.py)
-        # need the last one at the start of each decode step
-        self.tokens = torch.zeros((batch_size, max_len), dtype=torch.long, device=device)
+        # (B, T_max + 1) the token id in each slot: models that read the previous token
+        # (model/previous_token.py) need the last one at the start of each decode step
+        self.tokens = torch.zeros((batch_size, max_len + 1), dtype=torch.long, device=device)
         self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
 
     @property

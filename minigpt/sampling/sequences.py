@@ -149,6 +149,7 @@ class GenerationStats:
     drafted: int = 0  # speculative decoding: tokens the draft proposed
     accepted: int = 0  # ... and the model accepted
     rounds: int = 0  # ... in this many forwards of the model, each emitting accepted + 1 tokens
+    compile_s: float = 0.0  # compiling the decode steps (compile=true), done before the prompt's prefill
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -167,6 +168,7 @@ class GenerationStats:
             f"prompt tokens: {self.prompt_tokens} | new tokens: {self.new_tokens} | "
             f"prefill: {self.prefill_s * 1e3:.1f} ms | decode: {self.decode_tokens_per_s:.1f} tokens/s"
             + (f" | window rebuilds: {self.reprefills}" if self.reprefills else "") + speculative
+            + (f" | compiled in {self.compile_s:.1f} s" if self.compile_s else "")
         )
 
 

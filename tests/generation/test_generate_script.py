@@ -215,3 +215,21 @@ def test_cli_compile_without_a_cpp_compiler_warns_in_one_line_and_decodes(ckpt: 
     warnings = [line for line in proc.stderr.splitlines() if "compile" in line]
     assert len(warnings) == 1 and "C++ compiler" in warnings[0] and "Traceback" not in proc.stderr
     assert proc.stdout.startswith("ab")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draft", [False, True], ids=["plain", "speculative"])
+def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path, draft: bool):
+    """The summary's speed is decoding's: the steps are compiled on load (said in the summary), and the
+    generation itself then compiles nothing; the samples are the eager ones."""
+    args = [f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=40", "num_samples=1", "seed=3", "device=cpu",
+            "temperature=0", *([f"draft={ckpt}", "num_draft_tokens=3"] if draft else [])]
+    eager_out, eager_err = generate_in_process(*args)
+    cfg = config(*args, "compile=true")
+    loaded = load_for_generation(cfg)
+    assert loaded.compile_s > 0 and loaded.decoder.step.compiled
+    out, err = io.StringIO(), io.StringIO()
+    with torch.compiler.set_stance("fail_on_recompile"):  # raises if decoding the prompt compiles anything
+        run_samples(cfg, loaded, out, err)
+    assert out.getvalue() == eager_out  # 40 tokens: past the 16-token context, through window rebuilds
+    assert "compiled in" in err.getvalue() and "compiled in" not in eager_err
