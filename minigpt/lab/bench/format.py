@@ -26,3 +26,11 @@ def pct(v: float | None) -> str:
 
 def x(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
+
+
+def other_load(machine: dict) -> str:
+    """`; other processes: 0.01 cores busy before, 0.02 after` where the bench could measure it (Linux)."""
+    before, after = machine.get("busy_cores_before"), machine.get("busy_cores_after")
+    if before is None or after is None:
+        return ""
+    return f"; other processes kept {before:.2f} cores busy before the run, {after:.2f} after"

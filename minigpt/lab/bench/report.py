@@ -10,6 +10,7 @@ from pathlib import Path
 
 from minigpt.lab.bench.attention import BACKENDS
 from minigpt.lab.bench.format import mib as _mib
+from minigpt.lab.bench.format import other_load
 from minigpt.lab.bench.format import pct as _pct
 from minigpt.lab.bench.format import table as _table
 from minigpt.lab.bench.format import timing as _t
@@ -119,7 +120,7 @@ def format_report(results: dict) -> str:
     """The whole report as text; sections missing from `results` are skipped."""
     m = results["machine"]
     lines = [f"minigpt bench — {m['device']}, {m['threads']} threads, torch {m['torch']}, "
-             f"{'quick' if m['quick'] else 'full'} run in {m.get('wall_s', 0):.0f} s"]
+             f"{'quick' if m['quick'] else 'full'} run in {m.get('wall_s', 0):.0f} s{other_load(m)}"]
     sections = dict(results["sections"])
     for name, r in list(sections.items()):
         if "error" in r:

@@ -6,7 +6,7 @@ machine they were measured on (scripts/decoding_doc.py; `make docs` keeps the ch
 
 from __future__ import annotations
 
-from minigpt.lab.bench.format import mib, pct, table, timing, x
+from minigpt.lab.bench.format import mib, other_load, pct, table, timing, x
 
 DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
 
@@ -138,7 +138,8 @@ def render_decoding_doc(results: dict, command: str) -> str:
     threads = f"{m['threads']} thread{'s' if m['threads'] != 1 else ''}"
     lines = ["Rendered by `scripts/decoding_doc.py` (`make docs`) from docs/decoding.json, which",
              f"`{command}` rewrites.", "",
-             f"These numbers: {run} on {m['device']}, {threads}, torch {m['torch']}; {native}.",
+             f"These numbers: {run} on {m['device']}, {threads}, torch {m['torch']}; {native}"
+             f"{other_load(m)}.",
              "Ratios within one run (interleaved repeats, medians) carry from machine to machine; absolute",
              "speeds are the machine's and its load's.", ""]
     for name, fmt in FORMATTERS.items():

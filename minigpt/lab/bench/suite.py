@@ -57,6 +57,7 @@ from minigpt.lab.bench.peak import bench_peak
 from minigpt.lab.bench.sections import DECODING
 from minigpt.lab.bench.speculative import bench_speculative
 from minigpt.lab.bench.techniques import bench_techniques
+from minigpt.lab.bench.timing import BUSY_WARNING, busy_cores
 from minigpt.lab.bench.train_loop import bench_train_loop
 from minigpt.lab.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
 
@@ -115,6 +116,10 @@ def trainer_default(device: torch.device) -> dict:
 def run_suite(sections: list[str], device: torch.device, quick: bool = False, compile_: bool | None = None,
               log=print) -> dict:
     """Run `sections` in order; returns {"machine": ..., "sections": {name: result}}."""
+    busy = busy_cores()  # before any thread of ours starts
+    if busy is not None and busy > BUSY_WARNING:
+        log(f"warning: other processes keep {busy:.1f} of {cpu_count()} cores busy: a parallel op waits for "
+            "its slowest thread, so timings here can be far off; run the bench on an idle machine")
     start = time.perf_counter()
     capability = torch.backends.cpu.get_cpu_capability()
     cpu = f"{cpu_model()} ({platform.machine()}, {capability}, {cpu_count()} cores)"
@@ -122,7 +127,7 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
         "machine": {
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
             "threads": torch.get_num_threads(), "torch": torch.__version__, "quick": quick,
-            "python": platform.python_version(), "bf16_units": bf16_units(),
+            "python": platform.python_version(), "bf16_units": bf16_units(), "busy_cores_before": busy,
         },
         "sections": {},
     }
@@ -144,6 +149,7 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
             out[name] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
         log(f"[bench] {name} done in {time.perf_counter() - t0:.1f} s")
     results["machine"]["wall_s"] = time.perf_counter() - start
+    results["machine"]["busy_cores_after"] = busy_cores()
     return results
 
 
