@@ -46,9 +46,17 @@ class OptimConfig:
     warmup_steps: int = 50  # in steps, also for a time budget: Adam's moments need updates, not seconds
     decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+    # AdamW's peak lr for the embedding tables (token, value-embedding and bigram tables, learned positions;
+    # with tied weights the head too), same schedule; null: optim.lr (training/optim.py param_groups)
+    embed_lr: float | None = None
     muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
+
+    @property
+    def embed_lr_scale(self) -> float | None:
+        """embed_lr over lr (the embedding group's `lr_scale`), or None when the tables train at lr."""
+        return None if self.embed_lr is None else self.embed_lr / self.lr
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -56,6 +64,8 @@ class OptimConfig:
         for name in ("lr", "muon_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"optim.{name}={getattr(self, name)} must be positive")
+        if self.embed_lr is not None and self.embed_lr <= 0:
+            raise UserError(f"optim.embed_lr={self.embed_lr} must be positive (or null: optim.lr)")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if self.muon_ns_steps < 1:
