@@ -39,9 +39,9 @@ HELPS = {
     "value_embeds": {"value_embeds": True}, "smear": {"smear": True}, "bigram_embed": {"bigram_embed": 16384},
     "logit_softcap": {"logit_softcap": 15.0}, "muon": {},
 }
-HELPS = {**HELPS, "batch_warmup": {}, "seq_len_warmup": {}}  # these two change the batches, not the model
+HELPS = {**HELPS, "embed_lr": {}, "batch_warmup": {}, "seq_len_warmup": {}}  # the optimizer, the batches
 CHANGES = {**CHANGES, **HELPS}
-OPTIM_CHANGES = {"muon": {"name": "muon"}}
+OPTIM_CHANGES = {"muon": {"name": "muon"}, "embed_lr": {"embed_lr": 3e-2}}
 TRAINER_CHANGES = {"batch_warmup": {"batch_warmup_steps": 60, "batch_warmup_start": 4},
                    "seq_len_warmup": {"seq_len_warmup_steps": 90}}  # from 16 tokens, the default start
 
