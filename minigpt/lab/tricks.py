@@ -90,6 +90,17 @@ def compare(doc: dict, name: str) -> Paired | None:
     return paired_comparison(values[name], values[arm["control"]])
 
 
+def shown_change(doc: dict, name: str) -> list[str]:
+    """The overrides the table shows for arm `name`: those beyond its control's, marked `+ ...`, where the arm
+    keeps every key its control overrides; else all of them."""
+    arm = doc["arms"][name]
+    base = doc["arms"][arm["control"]]["change"] if arm["control"] else []
+    kept = {o.split("=", 1)[0] for o in arm["change"]}
+    if not base or any(o.split("=", 1)[0] not in kept for o in base):
+        return arm["change"]
+    return [f"+ {o}" for o in arm["change"] if o not in base]
+
+
 def render_block(doc: dict) -> str:
     """A round's table: one row per arm in the JSON's order, its mean, its paired difference from its
     control (nats per token, or bits per byte across vocabularies)."""
@@ -108,7 +119,7 @@ def render_block(doc: dict) -> str:
             delta = f"{c.difference.text(signed=True)}{unit} vs {arm['control']}"
             p = "-" if math.isnan(c.p_value) else f"{c.p_value:.3f}"
         ratio = doc["step_ratios"].get(name)
-        change = " ".join(f"`{o}`" for o in arm["change"]) or "none (a control)"
+        change = " ".join(f"`{o}`" for o in shown_change(doc, name)) or "none (a control)"
         time = "-" if ratio is None else f"{ratio:.2f}x"
         lines.append(f"| {name} | {change} | {arm['steps']:,} | {len(runs)} | {loss:.3f} | {bpb:.3f} "
                      f"| {delta} | {p} | {time} |")

@@ -58,6 +58,20 @@ def test_collect_pairs_each_arm_with_the_control_of_its_budget_by_seed(tmp_path)
         collect(tmp_path, {"s1200_relu2": "base900"})
 
 
+def test_an_arm_built_on_its_control_shows_only_what_it_adds(tmp_path):
+    base = ["optim.lr=1e-2", "model.n_layer=3"]
+    for seed in range(2):
+        _run(tmp_path, "s500_base", seed, 500, 4.5, base)
+        _run(tmp_path, "s500_more", seed, 500, 4.4, [*base, "model.qk_norm=true"])
+        _run(tmp_path, "s500_other", seed, 500, 4.4, ["optim.lr=2e-2", "model.qk_norm=true"])
+    doc = collect(tmp_path, {"s500_more": "s500_base", "s500_other": "s500_base"})
+    table = render_block(doc)
+    assert "| s500_more | `+ model.qk_norm=true` | 500 |" in table
+    # it drops model.n_layer=3, so the whole list is shown
+    assert "| s500_other | `optim.lr=2e-2` `model.qk_norm=true` | 500 |" in table
+    assert "| s500_base | `optim.lr=1e-2` `model.n_layer=3` | 500 |" in table
+
+
 def test_collect_refuses_an_arm_whose_runs_change_different_things(tmp_path):
     _run(tmp_path, "s500_x", 0, 500, 4.9, ["model.qk_norm=true"])
     _run(tmp_path, "s500_x", 1, 500, 4.9, ["model.smear=true"])
