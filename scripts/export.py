@@ -4,11 +4,11 @@ Examples:
     python scripts/export.py checkpoint=outputs/train/<date>/<time> format=hf out=outputs/export/demo-hf
     python scripts/export.py format=gguf gguf_type=q8_0 out=outputs/export/demo.gguf   # the newest run
 
-format=hf writes a folder transformers loads with no custom code (GPT2LMHeadModel or LlamaForCausalLM, its
-fast tokenizer, safetensors weights); format=gguf one file for llama.cpp, llama-cpp-python and Ollama
-(docs/export.md). A model with a feature the format has no equivalent for is refused in one line naming it.
-Nothing existing is overwritten, and a failed export leaves nothing behind; bad input: one line on stderr,
-exit code 2.
+format=hf writes a folder transformers loads with no custom code (GPT2LMHeadModel, LlamaForCausalLM or
+Qwen3ForCausalLM, its fast tokenizer, safetensors weights); format=gguf one file for llama.cpp,
+llama-cpp-python and Ollama (docs/export.md). A model with a feature the format has no equivalent for is
+refused in one line naming it. Nothing existing is overwritten, and a failed export leaves nothing behind;
+bad input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations

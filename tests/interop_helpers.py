@@ -5,6 +5,8 @@
     demo        configs/model/demo.yaml exactly: RoPE, RMSNorm, SwiGLU, 1 KV head for 3 query heads, untied
     odd_llama   a Llama block at odd sizes: 6 heads of 10 sharing 2 KV heads, hidden 120, biases, rope base
                 500, eps 1e-6, tied, and a model vocabulary 7 ids larger than the tokenizer's
+    qwen3       Qwen3's block: the demo with its queries and keys RMS-normalised (model.qk_norm=true), at
+                odd sizes: 4 heads of 12 sharing 2 KV heads, eps 1e-6, tied
 
 Weights are re-drawn wide (`wide_model`) so a wrong mapping shows in the logits and greedy decoding wanders
 through the vocabulary; the tokenizer is a small bpe trained on a few standard-library modules.
@@ -37,8 +39,10 @@ SHAPES = {
                              pos_encoding="rope", rope_base=500.0, norm="rmsnorm", norm_eps=1e-6,
                              activation="swiglu", ffn_mult=3.0, bias=True, tie_weights=True,
                              vocab_size=BPE_VOCAB + 7),
+    "qwen3": dataclasses.replace(load_preset("demo"), qk_norm=True, n_layer=3, n_head=4, n_kv_head=2,
+                                 n_embd=48, norm_eps=1e-6, tie_weights=True),
 }
-LLAMA_SHAPES = ("demo", "odd_llama")
+LLAMA_SHAPES = ("demo", "odd_llama", "qwen3")  # rotary positions
 
 
 def stdlib_texts() -> list[str]:
@@ -62,7 +66,8 @@ def wide_model(cfg: ModelConfig, vocab_size: int, seed: int = 0) -> GPT:
             if p.dim() > 1:
                 p.normal_(0.0, 0.2)
             else:
-                p.normal_(1.0 if ".ln_" in f".{name}" and name.endswith("weight") else 0.0, 0.1)
+                norm = ".ln_" in f".{name}" or "_norm." in name  # ln_1, ln_f, the query and key norms
+                p.normal_(1.0 if norm and name.endswith("weight") else 0.0, 0.1)
     return model
 
 

@@ -10,12 +10,15 @@ Every start in 0 .. N-T-1 of the split's N tokens is equally likely, whichever s
 window may run across a shard boundary. The offsets come from a `torch.Generator` seeded from (seed,
 rank), so every rank of a distributed run draws its own stream, and the same seed always gives the same
 batches. Its state is part of `state_dict()`, so a resumed run continues the exact sequence of batches.
+A batch-size warmup (training/batch_schedule.py) gives the loader the number of windows of each batch,
+`batch_sizes(i)` for the i-th batch it draws (counting from 0), so a replay draws exactly what was drawn.
 
 Evaluation reads fixed windows instead: `eval_windows.py`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,7 +53,8 @@ class BatchLoader:
     """Random (B, T) input/target batches from one split, for one rank.
 
     `world_size` only validates `rank`: random windows need no sharding, since each rank's stream
-    is independent. On CUDA the batch is pinned and copied with non_blocking=True.
+    is independent. `batch_sizes(i)`: the windows of the i-th batch (0-based), at most `batch_size`; None:
+    `batch_size` every time. On CUDA the batch is pinned and copied with non_blocking=True.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class BatchLoader:
         rank: int = 0,
         world_size: int = 1,
         device: str | torch.device = "cpu",
+        batch_sizes: Callable[[int], int] | None = None,
     ):
         if block_size < 1 or batch_size < 1:
             raise ValueError(f"block_size={block_size} and batch_size={batch_size} must be positive")
@@ -73,17 +78,21 @@ class BatchLoader:
         self.block_size, self.batch_size = block_size, batch_size
         self.seed, self.rank = seed, rank
         self.device = torch.device(device)
+        self.batch_sizes = batch_sizes or (lambda i: batch_size)
         self.generator = torch.Generator().manual_seed(stream_seed(seed, rank))
         self.batches_drawn = 0
 
-    def _draw_starts(self) -> torch.Tensor:
+    def _draw_starts(self, batch: int) -> torch.Tensor:
+        """The window starts of the `batch`-th batch."""
         # A window starting at s reads s .. s+T, so the last valid start is N - T - 1: N - T choices.
-        return torch.randint(len(self.split) - self.block_size, (self.batch_size,), generator=self.generator)
+        n = self.batch_sizes(batch)
+        return torch.randint(len(self.split) - self.block_size, (n,), generator=self.generator)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """x, y: (B, T) int64 on the loader's device, with y[:, i] == x[:, i + 1] inside the window."""
+        """x, y: (B, T) int64 on the loader's device, with y[:, i] == x[:, i + 1] inside the window
+        (B = batch_sizes(i) for the i-th batch)."""
         T = self.block_size
-        starts = self._draw_starts()
+        starts = self._draw_starts(self.batches_drawn)
         windows = np.stack([self.split.read(s, T + 1) for s in starts.tolist()])  # (B, T+1)
         windows = torch.from_numpy(windows.astype(np.int64))
         self.batches_drawn += 1
@@ -110,5 +119,5 @@ class BatchLoader:
             self.generator.set_state(state["generator"])
             return
         self.generator.manual_seed(stream_seed(self.seed, self.rank))
-        for _ in range(self.batches_drawn):
-            self._draw_starts()
+        for i in range(self.batches_drawn):
+            self._draw_starts(i)

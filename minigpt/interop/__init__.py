@@ -1,10 +1,10 @@
 """Other formats of a model, in and out of minigpt's checkpoints, and a standard evaluation harness.
 
 Read in this order:
-    architecture.py   which outside architecture a model is (gpt2 or llama), or the feature that makes it none
+    architecture.py   which outside architecture a model is (gpt2, llama, qwen3), or the feature that bars it
     hf_files.py       the files of a Hugging Face folder; `staged_output`, how every export is written
     hf_gpt2.py        GPT-2's config.json and weights <-> `GPT` (the name-by-name mapping)
-    hf_llama.py       Llama's config.json and weights <-> `GPT` (the fused projections split)
+    hf_llama.py       Llama's and Qwen3's config.json and weights <-> `GPT` (the fused projections split)
     hf_tokenizer.py   minigpt tokenizers <-> Hugging Face fast tokenizers (tokenizer.json)
     hf_checkpoint.py  Hugging Face folders <-> minigpt checkpoint folders (export_hf, import_hf)
     gguf_vocab.py     a tokenizer as GGUF metadata, with llama.cpp's matching pre-tokenizer

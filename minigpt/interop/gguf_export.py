@@ -3,13 +3,14 @@ the `gguf` package llama.cpp publishes.
 
 The weights are first named as Hugging Face names them (hf_gpt2.py, hf_llama.py), and gguf's own map of those
 names (`gguf.get_tensor_name_map`) gives the GGUF ones (`blk.0.attn_q.weight`, ...), so the file is laid
-out as llama.cpp's converter would lay out the same model. The metadata holds the sizes llama.cpp's `gpt2` or
-`llama` graph reads and the tokenizer (gguf_vocab.py).
+out as llama.cpp's converter would lay out the same model. The metadata holds the sizes llama.cpp's `gpt2`,
+`llama` or `qwen3` graph reads and the tokenizer (gguf_vocab.py).
 
 RoPE pairing. llama.cpp's `llama` graph rotates adjacent pairs (2i, 2i+1) of each head; minigpt (and HF)
 pair dimension i with i + D/2. Reordering the rows of W_q and W_k (and their biases) in every head from
 [0 .. D/2-1 | D/2 .. D-1] to [0, D/2, 1, D/2+1, ...] makes the adjacent-pair rotation compute exactly the
-rotate-half one; q·k is unchanged, as both are reordered alike (`interleave_rope_rows`).
+rotate-half one; q·k is unchanged, as both are reordered alike (`interleave_rope_rows`). Its `qwen3` graph
+rotates halves, as minigpt does, so a qwen3 model's rows (and its query and key norms) stay as they are.
 
 Tensor types: f32 keeps every number. f16, bf16 and q8_0 convert the 2-d weights and keep the 1-d tensors
 (norms, biases) and GPT-2's position table in f32, as llama.cpp's converter does. q8_0 stores blocks of 32
@@ -28,7 +29,7 @@ import torch
 
 from minigpt.data.tokenizers import Tokenizer
 from minigpt.errors import UserError
-from minigpt.interop.architecture import GPT2, architecture_of
+from minigpt.interop.architecture import GPT2, LLAMA, QWEN3, architecture_of
 from minigpt.interop.gguf_vocab import add_vocabulary, gguf_vocabulary
 from minigpt.interop.hf_files import staged_output
 from minigpt.interop.hf_gpt2 import with_zero_biases
@@ -42,7 +43,7 @@ TENSOR_TYPES = {
     "f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
     "bf16": (Q.BF16, gguf.LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
 }
-ARCHS = {GPT2: gguf.MODEL_ARCH.GPT2, "llama": gguf.MODEL_ARCH.LLAMA}
+ARCHS = {GPT2: gguf.MODEL_ARCH.GPT2, LLAMA: gguf.MODEL_ARCH.LLAMA, QWEN3: gguf.MODEL_ARCH.QWEN3}
 KEEP_F32 = (gguf.MODEL_TENSOR.POS_EMBD,)  # 2-d, but a table of additive offsets: kept exact
 
 
@@ -65,7 +66,7 @@ def gguf_tensors(model: GPT) -> tuple[str, dict[str, torch.Tensor]]:
             del named["lm_head.weight"]  # llama.cpp reuses token_embd when there is no output tensor
     else:
         named = hf_llama_state_dict(model)
-        for name in list(named):
+        for name in list(named) if family == LLAMA else ():  # qwen3 rotates halves (module docstring)
             if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
                 heads = cfg.n_head if ".q_proj." in name else cfg.kv_heads
                 named[name] = interleave_rope_rows(named[name], heads)

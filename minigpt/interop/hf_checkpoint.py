@@ -2,8 +2,8 @@
 
     export_hf   checkpoint -> config.json, model.safetensors, generation_config.json, tokenizer.json (+ its
                 config): `AutoModelForCausalLM` / `AutoTokenizer.from_pretrained(folder)` load it with no
-                custom code, as GPT2LMHeadModel or LlamaForCausalLM
-    import_hf   such a folder (ours, or any GPT-2 / Llama one) -> a checkpoint that generate.py and
+                custom code, as GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM
+    import_hf   such a folder (ours, or any GPT-2 / Llama / Qwen3 one) -> a checkpoint that generate.py and
                 trainer.init_from read; it holds the weights, meta.json and a tokenizer, no optimizer state
 
 Everything is converted and checked in memory first, so a refused model writes nothing; the folder is written
@@ -37,7 +37,7 @@ from minigpt.interop.hf_llama import hf_llama_config, hf_llama_state_dict, load_
 from minigpt.interop.hf_tokenizer import TOKENIZER_JSON, hf_tokenizer, save_hf_tokenizer, tokenizer_from_hf
 from minigpt.model.gpt import GPT
 
-LOADERS = {"gpt2": load_hf_gpt2, "llama": load_hf_llama}  # config.json's model_type -> reader
+LOADERS = {"gpt2": load_hf_gpt2, "llama": load_hf_llama, "qwen3": load_hf_llama}  # config.json's model_type
 
 
 def hf_files(model: GPT, eot_id: int) -> tuple[dict, dict[str, torch.Tensor]]:
@@ -66,7 +66,7 @@ def export_hf(checkpoint: str | Path, out: str | Path) -> Path:
 
 
 def load_hf_model(folder: str | Path) -> GPT:
-    """A minigpt GPT (float32, CPU, eval mode) with the weights of a GPT-2 or Llama HF folder."""
+    """A minigpt GPT (float32, CPU, eval mode) with the weights of a GPT-2, Llama or Qwen3 HF folder."""
     folder = Path(folder).expanduser()
     model_type = read_hf_config(folder).get("model_type", "gpt2")
     if model_type not in LOADERS:

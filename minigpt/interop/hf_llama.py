@@ -1,4 +1,5 @@
-"""Llama in the Hugging Face format: its config.json and weights <-> a minigpt `GPT` with a Llama-style block.
+"""Llama and Qwen3 in the Hugging Face format: config.json and weights <-> a minigpt `GPT` with a
+Llama-style block.
 
 A Llama block is minigpt's block with pos_encoding=rope, norm=rmsnorm, activation=swiglu, and the mapping is
 a copy under other names, with two splits:
@@ -6,10 +7,14 @@ a copy under other names, with two splits:
     transformer.wte                  model.embed_tokens
     h.{i}.ln_1 / ln_2                model.layers.{i}.input_layernorm / post_attention_layernorm
     h.{i}.attn.c_attn  (fused)       self_attn.q_proj | k_proj | v_proj    rows H·D | H_kv·D | H_kv·D
+    h.{i}.attn.q_norm / k_norm       self_attn.q_norm / k_norm             (qk_norm: Qwen3 only)
     h.{i}.attn.c_proj                self_attn.o_proj
     h.{i}.mlp.c_fc     (fused)       mlp.gate_proj | up_proj               rows hidden | hidden
     h.{i}.mlp.c_proj                 mlp.down_proj
     transformer.ln_f / lm_head       model.norm / lm_head  (no lm_head when tied)
+
+A Qwen3 block is the Llama block with model.qk_norm=true: both normalise each head's D query and key
+channels with an RMSNorm of the model's eps before the rotation (attention.py), and Qwen3 has no biases.
 
 Both rotate q and k with dimension j paired with j + D/2 (the rotate-half layout), so no permutation is
 needed here (GGUF needs one: gguf_tensors.py). RMSNorm is the same formula and eps; the rope base is
@@ -23,7 +28,7 @@ from pathlib import Path
 import torch
 
 from minigpt.errors import UserError
-from minigpt.interop.architecture import LLAMA, architecture_of
+from minigpt.interop.architecture import FAMILY_CLASS, QWEN3, ROPE_FAMILIES, architecture_of
 from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
@@ -36,12 +41,14 @@ INV_FREQ = ".rotary_emb.inv_freq"  # a buffer some older checkpoints saved: reco
 
 
 def hf_llama_config(cfg: ModelConfig, eot_id: int | None = None) -> dict:
-    """LlamaForCausalLM's config.json dict for a llama-family ModelConfig; UserError names what is not."""
-    if architecture_of(cfg) != LLAMA:
+    """LlamaForCausalLM's (or, with qk_norm, Qwen3ForCausalLM's) config.json dict for a ModelConfig of those
+    families; UserError names what is not."""
+    family = architecture_of(cfg)
+    if family not in ROPE_FAMILIES:
         raise UserError(f"model.pos_encoding={cfg.pos_encoding} cannot be exported as Llama "
                         "(it needs model.pos_encoding=rope)")
     hf = {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+        "model_type": family, "architectures": [FAMILY_CLASS[family]],
         "vocab_size": cfg.vocab_size, "hidden_size": cfg.n_embd, "intermediate_size": ffn_hidden_size(cfg),
         "num_hidden_layers": cfg.n_layer, "num_attention_heads": cfg.n_head,
         "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
@@ -51,14 +58,23 @@ def hf_llama_config(cfg: ModelConfig, eot_id: int | None = None) -> dict:
         "attention_bias": cfg.bias, "mlp_bias": cfg.bias, "attention_dropout": cfg.attn_dropout,
         "tie_word_embeddings": cfg.tie_weights,
     }
+    if family == QWEN3:  # every layer attends to the whole context, as minigpt's do
+        del hf["mlp_bias"]  # Qwen3's MLP has no biases (refused above unless model.bias=false)
+        hf |= {"use_sliding_window": False, "sliding_window": None, "max_window_layers": cfg.n_layer,
+               "layer_types": ["full_attention"] * cfg.n_layer}
     if eot_id is not None:
         hf["bos_token_id"] = hf["eos_token_id"] = eot_id
     return hf
 
 
 def config_from_hf_llama(hf: dict) -> ModelConfig:
-    """A llama-family ModelConfig sized from a LlamaForCausalLM config.json dict; UserError for a variant
-    minigpt's block does not compute (rope scaling, another activation, a head size that is not C/H)."""
+    """A llama- or qwen3-family ModelConfig sized from a LlamaForCausalLM or Qwen3ForCausalLM config.json
+    dict; UserError for a variant minigpt's block does not compute (rope scaling, another activation, a head
+    size that is not C/H, a sliding window)."""
+    qwen3 = hf.get("model_type") == QWEN3
+    if qwen3 and (hf.get("use_sliding_window") or hf.get("attention_bias")):
+        raise UserError("config.json is a Qwen3 with a sliding window or attention biases; minigpt's qwen3 "
+                        "attends to the whole context and has no biases")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
@@ -80,7 +96,7 @@ def config_from_hf_llama(hf: dict) -> ModelConfig:
         norm="rmsnorm", norm_placement="pre", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         activation="swiglu", ffn_mult=1.5 * intermediate / n_embd,  # swiglu's hidden is 2/3 of ffn_mult·C
         bias=bool(hf.get("attention_bias", False)), tie_weights=bool(hf.get("tie_word_embeddings", False)),
-        dropout=0.0, attn_dropout=0.0,
+        dropout=0.0, attn_dropout=0.0, qk_norm=qwen3,
     )
     if ffn_hidden_size(cfg) != intermediate:
         raise UserError(f"config.json has intermediate_size={intermediate}; minigpt needs a multiple of 8")
@@ -99,6 +115,8 @@ def tensor_table(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
         table += [(ours + "ln_1.weight", (theirs + "input_layernorm.weight",)),
                   (ours + "ln_2.weight", (theirs + "post_attention_layernorm.weight",))]
+        if cfg.qk_norm:
+            table += [(f"{ours}attn.{n}_norm.weight", (f"{theirs}self_attn.{n}_norm.weight",)) for n in "qk"]
         for kind in kinds:
             table += [
                 (f"{ours}attn.c_attn.{kind}", tuple(f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv")),
@@ -120,7 +138,8 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
 
 
 def hf_llama_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """minigpt weights under LlamaForCausalLM's names, the fused matrices split; no lm_head when tied."""
+    """minigpt weights under LlamaForCausalLM's (Qwen3ForCausalLM's) names, the fused matrices split; no
+    lm_head when tied."""
     cfg = model.config
     hf_llama_config(cfg)  # fail early on a config Llama cannot express
     sd = model.state_dict()
@@ -133,13 +152,15 @@ def hf_llama_state_dict(model: GPT) -> dict[str, torch.Tensor]:
 
 def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor],
                                   cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """LlamaForCausalLM tensors -> minigpt names, the q/k/v and gate/up matrices stacked back."""
+    """LlamaForCausalLM (or Qwen3ForCausalLM) tensors -> minigpt names, the q/k/v and gate/up matrices
+    stacked back."""
     table = tensor_table(cfg)
     used = {name for _, theirs in table for name in theirs}
     missing = sorted(used - set(hf_sd))
     unexpected = sorted(n for n in set(hf_sd) - used if not n.endswith(INV_FREQ) and n != "lm_head.weight")
     if missing or unexpected:
-        raise UserError(f"the Llama weights do not match config.json: missing {missing[:3]}, "
+        raise UserError(f"the {'Qwen3' if cfg.qk_norm else 'Llama'} weights do not match config.json: "
+                        f"missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}")
     out = {ours: torch.cat([hf_sd[name] for name in theirs], dim=0) for ours, theirs in table}
     if cfg.tie_weights:  # transformers ties the head to the embedding whatever the file holds
@@ -148,8 +169,10 @@ def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor],
 
 
 def load_hf_llama(folder: str | Path) -> GPT:
-    """A minigpt GPT (float32, CPU, eval mode) holding the weights of a local LlamaForCausalLM folder."""
+    """A minigpt GPT (float32, CPU, eval mode) holding the weights of a local LlamaForCausalLM or
+    Qwen3ForCausalLM folder."""
     folder = Path(folder).expanduser()
     cfg = config_from_hf_llama(read_hf_config(folder))
     weights = read_hf_weights(folder)
-    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), "Llama")
+    family = "Qwen3" if cfg.qk_norm else "Llama"
+    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), family)

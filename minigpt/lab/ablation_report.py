@@ -129,6 +129,17 @@ ROWS = {
         "Muon for the matrices", "(record-setting small-GPT runs) Muon orthogonalises the momentum of each "
         "matrix, giving every direction of an update the same step size, and learns more per step than AdamW "
         "(AdamW stays on the embeddings, the head and the norms).", ("grads",)),
+    "embed_lr": Row(
+        "Embedding lr", "(record-setting small-GPT runs) a token's row moves only when the token occurs, and "
+        "Adam's step is about lr whatever the gradient, so the tables learn faster at a far higher lr than "
+        "the matrices every token trains.", ()),
+    "batch_warmup": Row(
+        "Batch-size warmup", "(record-setting GPT runs) the first steps need few sequences to find a good "
+        "direction, so growing the batch from a quarter buys more updates for the same FLOPs.", ("train",)),
+    "seq_len_warmup": Row(
+        "Sequence-length warmup", "(record-setting GPT runs) a young model cannot use a long context yet; "
+        "short windows early put more of its targets where there is little to attend to, on the same "
+        "tokens per step.", ("train",)),
 }
 
 

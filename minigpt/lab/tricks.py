@@ -1,16 +1,18 @@
-"""The technique screen's table: each arm against its control, paired over seeds.
+"""The technique screen's tables: each arm against its control, paired over seeds, one table per round.
 
 An arm is a folder of runs `<arm>/s<seed>/` trained by `scripts/train.py` with the same common overrides
 (budget, seed, evaluation) and its own changes; its control is the arm with the same budget and no change.
 `collect(root)` reads each run's final checkpoint (meta.json: the val loss on the whole val split when the
-run was trained with trainer.eval_tokens=all, bits per byte, training seconds) into a JSON-able dict;
-`render_block(doc)` writes the table between the two `tricks` markers of docs/tricks.md, so its numbers
-are never typed (a test checks the page against docs/tricks.json).
+run was trained with trainer.eval_tokens=all, bits per byte, training seconds) into a JSON-able dict, one
+round of the screen; docs/tricks.json holds every round by name (`{"rounds": {name: round}}`), measured
+against the default of its day, and `render_block(round)` writes a round's table between that round's two
+markers in docs/tricks.md, so its numbers are never typed (a test checks the page against the JSON).
 
 The comparison is paired (lab/stats.py): seed s of an arm and seed s of its control share the order of the
 batches and, where the switch adds no parameters, the initial weights, so the per-seed differences carry
 less noise than the two means do; the table gives the mean difference with its 95% Student-t interval and
-the two-sided paired t-test's p.
+the two-sided paired t-test's p. Nats per token compare arms with one vocabulary; where an arm or its
+control changes `tokenizer.vocab_size` the difference is taken in bits per byte, which do not depend on it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from pathlib import Path
 from minigpt.errors import UserError
 from minigpt.lab.stats import Paired, paired_comparison
 
-BEGIN, END = "<!-- tricks:begin -->", "<!-- tricks:end -->"
+VOCAB_KEY = "tokenizer.vocab_size"  # an arm that changes it is compared in bits per byte
 # overrides every run of a screen shares; what is left of a run's overrides is its arm's change
 COMMON = ("trainer.seed=", "trainer.max_steps=", "trainer.eval_every=", "trainer.eval_tokens=",
           "trainer.ckpt_every=", "logging.", "device.type=")
@@ -65,18 +67,43 @@ def collect(root: Path, controls: dict[str, str] | None = None) -> dict:
     return {"arms": {a: arms[a] for a in order}, "step_ratios": {}}
 
 
+def markers(round_name: str) -> tuple[str, str]:
+    """The two lines a round's table sits between in the page."""
+    return f"<!-- tricks:{round_name}:begin -->", f"<!-- tricks:{round_name}:end -->"
+
+
+def metric(doc: dict, name: str) -> str:
+    """`val_loss`, or `bits_per_byte` where the arm or its control changes the vocabulary."""
+    arm = doc["arms"][name]
+    changes = [*arm["change"], *(doc["arms"][arm["control"]]["change"] if arm["control"] else [])]
+    return "bits_per_byte" if any(c.startswith(VOCAB_KEY + "=") for c in changes) else "val_loss"
+
+
 def compare(doc: dict, name: str) -> Paired | None:
-    """The paired comparison of arm `name`'s val losses with its control's over the seeds both have."""
+    """The paired comparison of arm `name` with its control over the seeds both have (in `metric`)."""
     arm = doc["arms"][name]
     if arm["control"] is None:
         return None
-    losses = {a: {int(seed): r["val_loss"] for seed, r in doc["arms"][a]["runs"].items()}
+    key = metric(doc, name)
+    values = {a: {int(seed): r[key] for seed, r in doc["arms"][a]["runs"].items()}
               for a in (name, arm["control"])}
-    return paired_comparison(losses[name], losses[arm["control"]])
+    return paired_comparison(values[name], values[arm["control"]])
+
+
+def shown_change(doc: dict, name: str) -> list[str]:
+    """The overrides the table shows for arm `name`: those beyond its control's, marked `+ ...`, where the arm
+    keeps every key its control overrides; else all of them."""
+    arm = doc["arms"][name]
+    base = doc["arms"][arm["control"]]["change"] if arm["control"] else []
+    kept = {o.split("=", 1)[0] for o in arm["change"]}
+    if not base or any(o.split("=", 1)[0] not in kept for o in base):
+        return arm["change"]
+    return [f"+ {o}" for o in arm["change"] if o not in base]
 
 
 def render_block(doc: dict) -> str:
-    """The table: one row per arm in the JSON's order, its mean, its paired difference from its control."""
+    """A round's table: one row per arm in the JSON's order, its mean, its paired difference from its
+    control (nats per token, or bits per byte across vocabularies)."""
     lines = ["| arm | change | steps | seeds | val loss (mean) | bits/byte | vs control: Δ ± 95% interval | "
              "paired p | step time |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -88,24 +115,27 @@ def render_block(doc: dict) -> str:
         if c is None:
             delta, p = "(control)" if not arm["change"] else "-", "-"
         else:
-            delta = f"{c.difference.text(signed=True)} vs {arm['control']}"
+            unit = " bits/byte" if metric(doc, name) == "bits_per_byte" else ""
+            delta = f"{c.difference.text(signed=True)}{unit} vs {arm['control']}"
             p = "-" if math.isnan(c.p_value) else f"{c.p_value:.3f}"
         ratio = doc["step_ratios"].get(name)
-        change = " ".join(f"`{o}`" for o in arm["change"]) or "none (a control)"
+        change = " ".join(f"`{o}`" for o in shown_change(doc, name)) or "none (a control)"
         time = "-" if ratio is None else f"{ratio:.2f}x"
         lines.append(f"| {name} | {change} | {arm['steps']:,} | {len(runs)} | {loss:.3f} | {bpb:.3f} "
                      f"| {delta} | {p} | {time} |")
     return "\n".join(lines)
 
 
-def replace_block(text: str, block: str) -> str:
-    """`text` with the part between the markers replaced by `block`."""
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+def replace_block(text: str, round_name: str, block: str) -> str:
+    """`text` with the part between round `round_name`'s markers replaced by `block`."""
+    begin, end = markers(round_name)
+    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(text):
-        raise UserError(f"no {BEGIN} ... {END} markers in the page to update")
-    return pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", text)
+        raise UserError(f"no {begin} ... {end} markers in the page to update")
+    return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text)
 
 
-def page_block(text: str) -> str:
-    """The text between the markers (what `replace_block` wrote)."""
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+def page_block(text: str, round_name: str) -> str:
+    """The text between round `round_name`'s markers (what `replace_block` wrote)."""
+    begin, end = markers(round_name)
+    return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")

@@ -91,7 +91,8 @@ class Budget:
 
     `tokens_per_step` (every rank's), `flops_per_token` and `params` (the model's, `GPT.flops_per_token` and
     `GPT.num_params`) are the run's rates: they turn tokens into FLOPs, and the token, FLOPs and ratio limits
-    into the step the run will end at.
+    into the step the run will end at. `warmup_tokens`: the tokens of each of the first steps where a
+    batch-size warmup trains on fewer than `tokens_per_step` (training/batch_schedule.py).
     """
 
     max_steps: int | None = None
@@ -102,6 +103,7 @@ class Budget:
     tokens_per_step: int = 1
     flops_per_token: float = 0.0  # unknown: then no FLOPs limit can be set
     params: int = 0  # unknown: then no tokens-per-parameter limit can be set
+    warmup_tokens: tuple[int, ...] = ()  # steps 0, 1, ... of a batch-size warmup
 
     def __post_init__(self) -> None:
         limits = (self.max_steps, self.max_seconds, self.max_tokens, self.max_flops)
@@ -151,7 +153,10 @@ class Budget:
         with a time budget alone: how many steps it buys depends on the machine)."""
         ends = [] if self.max_steps is None else [self.max_steps]
         if self.token_limit is not None:
-            ends.append(step + max(math.ceil((self.token_limit - tokens) / self.tokens_per_step), 0))
+            left, end = self.token_limit - tokens, step
+            while left > 0 and end < len(self.warmup_tokens):  # the warmup's short steps, one by one
+                left, end = left - self.warmup_tokens[end], end + 1
+            ends.append(end + max(math.ceil(left / self.tokens_per_step), 0))
         return min(ends) if ends else None
 
     def describe(self) -> str:
@@ -202,22 +207,25 @@ class Interval:
 class ThroughputMeter:
     """Counts training steps and their wall-clock time between `interval()` calls (and over the run)."""
 
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float, world_size: int,
+    def __init__(self, flops_per_token: float, peak_flops: float, world_size: int,
                  synchronize: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> None:
-        self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token  # tokens: all ranks
+        self.flops_per_token = flops_per_token
         self.peak_flops, self.world_size = peak_flops, world_size  # peak: of one device
         self.peak_raised = False  # the model beat the given peak once (see the module docstring)
         self.synchronize, self.clock = synchronize, clock
         self.start = clock()  # of the running stretch of training work
-        self.window_steps, self.window_time = 0, 0.0  # this interval, before the running stretch
-        self.total_steps, self.total_time = 0, 0.0  # every closed interval of the run
+        self.window_steps, self.window_tokens, self.window_time = 0, 0, 0.0  # this interval, before the
+        # running stretch; tokens: every rank's
+        self.total_tokens, self.total_time = 0, 0.0  # every closed interval of the run
 
     def restart(self) -> None:
         """Start the running stretch now (at the loop's start: setting up the run is not training work)."""
         self.start = self.clock()
 
-    def step_done(self) -> None:
+    def step_done(self, tokens: int) -> None:
+        """One step of `tokens` tokens (every rank's) done."""
         self.window_steps += 1
+        self.window_tokens += tokens
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -243,10 +251,10 @@ class ThroughputMeter:
         self.synchronize()
         now = self.clock()
         seconds = self.window_time + now - self.start
-        steps = self.window_steps
-        self.total_steps, self.total_time = self.total_steps + steps, self.total_time + seconds
-        self.start, self.window_steps, self.window_time = now, 0, 0.0
-        tokens_per_s = steps * self.tokens_per_step / max(seconds, 1e-9)
+        steps, tokens = self.window_steps, self.window_tokens
+        self.total_tokens, self.total_time = self.total_tokens + tokens, self.total_time + seconds
+        self.start, self.window_steps, self.window_tokens, self.window_time = now, 0, 0, 0.0
+        tokens_per_s = tokens / max(seconds, 1e-9)
         return Interval(steps, seconds, tokens_per_s, self.mfu(tokens_per_s))
 
     def mfu(self, tokens_per_s: float) -> float:
@@ -264,7 +272,7 @@ class ThroughputMeter:
     @property
     def run_tokens_per_s(self) -> float:
         """Mean throughput over the closed intervals of the whole run."""
-        return self.total_steps * self.tokens_per_step / max(self.total_time, 1e-9)
+        return self.total_tokens / max(self.total_time, 1e-9)
 
     @property
     def run_mfu(self) -> float:

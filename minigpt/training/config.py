@@ -46,9 +46,17 @@ class OptimConfig:
     warmup_steps: int = 50  # in steps, also for a time budget: Adam's moments need updates, not seconds
     decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
+    # AdamW's peak lr for the embedding tables (token, value-embedding and bigram tables, learned positions;
+    # with tied weights the head too), same schedule; null: optim.lr (training/optim.py param_groups)
+    embed_lr: float | None = None
     muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
+
+    @property
+    def embed_lr_scale(self) -> float | None:
+        """embed_lr over lr (the embedding group's `lr_scale`), or None when the tables train at lr."""
+        return None if self.embed_lr is None else self.embed_lr / self.lr
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -56,6 +64,8 @@ class OptimConfig:
         for name in ("lr", "muon_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"optim.{name}={getattr(self, name)} must be positive")
+        if self.embed_lr is not None and self.embed_lr <= 0:
+            raise UserError(f"optim.embed_lr={self.embed_lr} must be positive (or null: optim.lr)")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if self.muon_ns_steps < 1:
@@ -97,6 +107,16 @@ class TrainerConfig:
     batch_size: int = 8  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     tokens_per_step: int | None = None  # if set, grad_accum_steps is derived from it (must divide evenly)
+    # Batch-size warmup (training/batch_schedule.py): the micro-batch grows linearly from batch_warmup_start
+    # sequences to batch_size over the first batch_warmup_steps steps; 0: off. Those steps train on fewer
+    # tokens, so compare such runs at a budget of tokens or FLOPs.
+    batch_warmup_steps: int = 0
+    batch_warmup_start: int = 1
+    # Sequence-length warmup (training/batch_schedule.py): the context doubles from seq_len_warmup_start
+    # tokens to model.block_size over the first seq_len_warmup_steps steps, the windows cut into pieces (the
+    # same tokens per step); 0: off. block_size / seq_len_warmup_start must be a power of two.
+    seq_len_warmup_steps: int = 0
+    seq_len_warmup_start: int = 16
     eval_every: int = 100  # also evaluates before the first step and after the last
     # Validation targets scored per evaluation, in fixed windows spread evenly over the whole val split
     # (data/eval_windows.py), or `all`: every target once, the number scripts/evaluate.py stride=block_size
@@ -159,6 +179,14 @@ class TrainerConfig:
                             "stop only on NaN/inf)")
         if self.tokens_per_step is not None and self.tokens_per_step < 1:
             raise UserError(f"trainer.tokens_per_step={self.tokens_per_step} must be at least 1 (or null)")
+        for name in ("batch_warmup_steps", "seq_len_warmup_steps"):
+            if getattr(self, name) < 0:
+                raise UserError(f"trainer.{name}={getattr(self, name)} must be >= 0 (0: off)")
+        if not 1 <= self.batch_warmup_start <= self.batch_size:
+            raise UserError(f"trainer.batch_warmup_start={self.batch_warmup_start} must be between 1 and "
+                            f"trainer.batch_size={self.batch_size} (the sequences of the first step)")
+        if self.seq_len_warmup_start < 1:
+            raise UserError(f"trainer.seq_len_warmup_start={self.seq_len_warmup_start} must be at least 1")
 
     @property
     def max_seconds(self) -> float | None:
@@ -201,3 +229,11 @@ class TrainConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     run_name: str | None = None  # appended to the run folder's name
+
+    def __post_init__(self) -> None:
+        t, t0 = self.model.block_size, self.trainer.seq_len_warmup_start
+        ratio = t // t0
+        if self.trainer.seq_len_warmup_steps and (t % t0 or ratio & (ratio - 1)):
+            allowed = ", ".join(str(t >> k) for k in range(1, 5) if t >> k and (t >> k) << k == t) or t
+            raise UserError(f"trainer.seq_len_warmup_start={t0} must be model.block_size={t} divided by a "
+                            f"power of two, so every context length divides the windows (try {allowed})")

@@ -24,8 +24,10 @@ from minigpt.training.muon import MuonAdamW
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Split parameters into a decayed group (matrices) and an undecayed one (everything else).
+def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | None = None) -> list[dict]:
+    """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and with
+    `embed_lr_scale` the embedding tables into a third, undecayed group of their own at that multiple of
+    optim.lr (optim.embed_lr). Each group's `lr_scale` is its lr over optim.lr (`LRSchedule.apply`).
 
     Weight decay pulls weights towards zero, which regularises the linear maps. It is wrong for norm gains
     (pulling them to zero shrinks the signal, not the model's capacity) and pointless for biases. Embeddings
@@ -33,8 +35,12 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     would steadily erase rare tokens between their appearances. With tied weights the output head shares the
     embedding's tensor, so it follows the embedding's rule. The split is by name and rank: every 2-D weight
     except the embedding tables is decayed.
+
+    A table's row moves only when its token occurs, a few times in a short run for most tokens, and Adam's
+    step is about lr whatever the gradient's size; so the tables may want a far higher lr than the matrices
+    that every token trains (record-setting small-GPT runs give them tens of times the head's).
     """
-    decay, no_decay = [], []
+    decay, no_decay, tables = [], [], []
     seen: set[int] = set()
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for _, p in model.named_parameters():
@@ -43,12 +49,17 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         seen.add(id(p))
         if p.dim() >= 2 and id(p) not in embeddings:
             decay.append(p)
+        elif id(p) in embeddings and embed_lr_scale is not None:
+            tables.append(p)
         else:
             no_decay.append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+    groups = [
+        {"params": decay, "weight_decay": weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
     ]
+    if embed_lr_scale is not None:
+        groups.append({"params": tables, "weight_decay": 0.0, "lr_scale": embed_lr_scale})
+    return groups
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
@@ -57,9 +68,10 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     optim.name=muon: `build_muon`."""
     if cfg.name == "muon":
         return build_muon(model, cfg)
-    groups = param_groups(model, cfg.weight_decay)
+    groups = [{**g, "lr": cfg.lr * g["lr_scale"]}
+              for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
     n_decay = sum(p.numel() for p in groups[0]["params"])
-    n_other = sum(p.numel() for p in groups[1]["params"])
+    n_other = sum(p.numel() for g in groups[1:] for p in g["params"])
     log.info("AdamW: %d decayed parameters, %d not decayed (norms, biases, embeddings)", n_decay, n_other)
     return torch.optim.AdamW(
         groups,
@@ -78,7 +90,8 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 
 def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
-    """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`).
+    """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
+    the embedding tables at optim.embed_lr when it is set).
 
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
@@ -87,14 +100,14 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
                         "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
-                   for g in param_groups(model, cfg.weight_decay)]
+                   for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
     n_muon = sum(p.numel() for p in matrices)
     n_adam = sum(p.numel() for g in adam_groups for p in g["params"])
     log.info("Muon: %d parameters in %d matrices; AdamW: %d (embeddings, head, norms, gates)",
              n_muon, len(matrices), n_adam)
     muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
             "weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
-    adam = [{**g, "lr": cfg.lr, "lr_scale": 1.0, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
             for g in adam_groups if g["params"]]
     return MuonAdamW([muon, *adam])
 

@@ -8,7 +8,8 @@ Every key of the config falls in one of three kinds:
                that starts from these weights is a fine-tune: trainer.init_from (it may change the data).
     course     how the rest of the run goes: the lr schedule and its horizon (optim.*, the budget:
                trainer.max_steps, max_time, max_tokens, max_flops, max_tokens_per_param), the optimizer's
-               knobs, the batch (trainer.batch_size, grad_accum_steps, tokens_per_step), the data order
+               knobs, the batch (trainer.batch_size, grad_accum_steps, tokens_per_step, and the batch-size and
+               sequence-length warmups), the data order
                (trainer.seed), dropout, what validation scores (trainer.eval_tokens): allowed, with one
                warning line per key saying what it changes.
     neither    where and how it runs or reports (device.*, logging.*, eval_every, ckpt_every, strategy, ...):
@@ -44,8 +45,9 @@ COURSE_MODEL_KEYS = ("dropout", "attn_dropout")  # how to train, not what the we
 SILENT_MODEL_KEYS = ("attention", "online_block_size")  # the same numbers, computed another way
 SCHEDULE_KEYS = ("lr", "schedule", "warmup_steps", "decay_steps", "min_lr_ratio", "cooldown_ratio")
 BUDGET_KEYS = ("max_steps", "max_time", "max_tokens", "max_flops", "max_tokens_per_param")  # the lr's horizon
+WARMUP_KEYS = ("batch_warmup_steps", "batch_warmup_start", "seq_len_warmup_steps", "seq_len_warmup_start")
 COURSE_TRAINER_KEYS = (*BUDGET_KEYS, "batch_size", "grad_accum_steps", "tokens_per_step", "seed",
-                       "eval_tokens")
+                       "eval_tokens", *WARMUP_KEYS)
 
 
 def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> dict[str, Any] | None:
@@ -151,6 +153,8 @@ def _course_line(key: str, before: dict, after: dict, cfg: TrainConfig, step: in
     if name == "seed":
         return (f"{head}: the batches after step {step} come from another stream than the run's (dropout "
                 "goes on from the checkpoint's state)")
+    if section == "trainer" and name in WARMUP_KEYS:
+        return f"{head}: the batches' sizes and context lengths follow the new warmup from step {step} on"
     if name == "eval_tokens":
         return (f"{head}: validation now scores other windows, so val losses (and which checkpoint is "
                 f"`best`) before and after step {step} are not comparable")

@@ -42,6 +42,7 @@ from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
 from minigpt.signals import GracefulStop, signal_name
 from minigpt.training import distributed, peers, resume, same_run
+from minigpt.training.batch_schedule import BatchSchedule
 from minigpt.training.budget import Budget, ThroughputMeter, format_count, format_duration
 from minigpt.training.config import TrainConfig
 from minigpt.training.dist_env import DistEnv
@@ -157,23 +158,25 @@ class Trainer:
 
         block = cfg.model.block_size
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
-        self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size
+        self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size  # a full step's
+        self.batches = BatchSchedule(tc, block, self.grad_accum_steps, env.world_size)
         self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
         flops_per_token = self.model.flops_per_token()
         self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops,
                              tc.max_tokens_per_param, self.tokens_per_step, flops_per_token,
-                             self.model.num_params())
+                             self.model.num_params(), self.batches.warmup_tokens())
         self.schedule = LRSchedule(cfg.optim, self.budget)
         self.scaler = self.runtime.grad_scaler()
+        accum = self.grad_accum_steps  # the loader's i-th batch is a micro-batch of step i // accum
         self.loader = BatchLoader(self.data.split("train"), block, tc.batch_size, seed=tc.seed, rank=env.rank,
-                                  world_size=env.world_size, device=str(device))
+                                  world_size=env.world_size, device=str(device),
+                                  batch_sizes=lambda i: self.batches.sequences(i // accum))
         self.evaluation = Evaluation(self.model, self.data.split("val"), block, tc.eval_budget,
                                      tc.batch_size, self.runtime, env, self.tokenizer, cfg.logging, tc.seed)
         self.progress = Progress()
         self.last_saved: Path | None = None  # the newest `last` checkpoint and its step
         self.last_saved_step = 0
-        self.meter = ThroughputMeter(self.tokens_per_step, flops_per_token,
-                                     peak_flops(cfg.device, self.runtime), env.world_size,
+        self.meter = ThroughputMeter(flops_per_token, peak_flops(cfg.device, self.runtime), env.world_size,
                                      self.runtime.synchronize, clock)
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
@@ -191,6 +194,8 @@ class Trainer:
                  "(%d x %d x %d accum x %d ranks)", f"{self.model.num_params(non_embedding=False):,}",
                  f"{self.model.num_params():,}", f"{self.tokens_per_step:,}", tc.batch_size, block,
                  self.grad_accum_steps, env.world_size)
+        if self.batches.describe():
+            log.info("%s", self.batches.describe())
         last = self.budget.last_step(self.progress.step, self.progress.tokens_seen)
         log.info("budget: %s%s", self.budget.describe(), "" if last is None else f" (ends at step {last:,})")
 
@@ -208,9 +213,10 @@ class Trainer:
                     if p.step % tc.eval_every == 0:
                         self._evaluate()
                     loss, grad_norm, lr = self._train_step()
+                    tokens = self.batches.tokens(p.step)
                     p.step += 1
-                    p.tokens_seen += self.tokens_per_step
-                    self.meter.step_done()
+                    p.tokens_seen += tokens
+                    self.meter.step_done(tokens)
                     display.step_done()
                     # every rank ends at the same step, with the lr of rank 0's training clock
                     clock = self.seconds_before + self.meter.seconds
@@ -258,7 +264,8 @@ class Trainer:
         return loss, grad_norm, lr
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.last_batch = self.loader.next_batch()
+        x, y = self.loader.next_batch()  # (b, T) each, b = batches.sequences(step)
+        self.last_batch = self.batches.cut(x, y, self.progress.step)  # (b · T / t, t), t = seq_len(step)
         return self.last_batch
 
     # ------------------------------------------------------------------------------------------ reporting

@@ -140,3 +140,29 @@ def test_cuda_batches_match_cpu(tmp_path: Path) -> None:
     gpu = BatchLoader(split, T, B, seed=5, device="cuda").next_batch()
     assert gpu[0].device.type == "cuda"
     assert torch.equal(cpu[0], gpu[0].cpu()) and torch.equal(cpu[1], gpu[1].cpu())
+
+
+def test_a_loader_draws_the_batch_sizes_it_is_given_and_replays_them_on_another_rank(tmp_path: Path) -> None:
+    tokens = np.random.default_rng(0).permutation(2000).astype(np.uint16)
+    split = write_split(tmp_path, tokens, shard_tokens=300)
+
+    def sizes(i: int) -> int:
+        return 1 + i % 3
+
+    def loader(rank: int) -> BatchLoader:
+        return BatchLoader(split, 8, 3, seed=5, rank=rank, world_size=2, batch_sizes=sizes)
+
+    one = loader(1)
+    where = {int(t): i for i, t in enumerate(tokens)}
+    for i in range(7):
+        x, y = one.next_batch()
+        assert x.shape == (sizes(i), 8)
+        for row_x, row_y in zip(x.tolist(), y.tolist(), strict=True):
+            start = where[row_x[0]]
+            assert row_x == tokens[start:start + 8].tolist() and row_y == tokens[start + 1:start + 9].tolist()
+    zero = loader(0)
+    for _ in range(7):
+        zero.next_batch()
+    replayed = loader(1)
+    replayed.load_state_dict(zero.state_dict())  # rank 0's state, replayed on rank 1's stream
+    assert torch.equal(replayed.next_batch()[0], one.next_batch()[0])

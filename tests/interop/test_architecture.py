@@ -10,7 +10,7 @@ import pytest
 from interop_helpers import SHAPES, save_model, small_bpe, wide_model
 
 from minigpt.errors import UserError
-from minigpt.interop.architecture import GPT2, LLAMA, architecture_of
+from minigpt.interop.architecture import GPT2, LLAMA, QWEN3, architecture_of
 from minigpt.interop.gguf_export import gguf_tensors
 from minigpt.interop.hf_checkpoint import export_hf, hf_files
 from minigpt.model.config import ModelConfig
@@ -34,11 +34,15 @@ REFUSED = [
     (LLAMA_BASE, {"activation": "gelu"}, "model.activation=gelu with model.pos_encoding=rope"),
     (LLAMA_BASE, {"norm_placement": "post"}, "model.norm_placement=post"),
     (LLAMA_BASE, {"causal": False}, "model.causal=false is an ablation"),
+    (GPT2_BASE, {"qk_norm": True}, "model.qk_norm=true with model.pos_encoding=learned"),
+    (LLAMA_BASE, {"qk_norm": True, "bias": True},
+     "model.bias=true with model.pos_encoding=rope and model.qk_norm=true has no"),
 ]
 
 
 def test_the_two_families_and_their_variants_export() -> None:
-    for base, family in ((GPT2_BASE, GPT2), (LLAMA_BASE, LLAMA)):
+    qwen3 = dataclasses.replace(LLAMA_BASE, qk_norm=True)
+    for base, family in ((GPT2_BASE, GPT2), (LLAMA_BASE, LLAMA), (qwen3, QWEN3)):
         assert architecture_of(base) == family
     variants = [
         dataclasses.replace(GPT2_BASE, activation="relu", bias=False, tie_weights=False, ffn_mult=3.0),
@@ -48,6 +52,8 @@ def test_the_two_families_and_their_variants_export() -> None:
     for cfg in variants:
         config, weights = hf_files(wide_model(cfg, 300), eot_id=299)
         assert config["model_type"] in (GPT2, LLAMA) and weights
+    config, _ = hf_files(wide_model(qwen3, 300), eot_id=299)
+    assert (config["model_type"], config["architectures"]) == (QWEN3, ["Qwen3ForCausalLM"])
 
 
 @pytest.mark.parametrize(("base", "overrides", "named"), REFUSED, ids=[r[2] for r in REFUSED])

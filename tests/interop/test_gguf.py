@@ -53,7 +53,10 @@ def _expected(model) -> dict[str, torch.Tensor]:
     """Every tensor llama.cpp reads, from our weights by name (the table the exporter must reproduce)."""
     cfg, sd = model.config, model.state_dict()
     H, H_kv, D = cfg.n_head, cfg.kv_heads, cfg.head_dim
-    llama = cfg.pos_encoding == "rope"
+    llama = cfg.pos_encoding == "rope"  # the llama graph, or qwen3's, which rotates halves as we do
+
+    def rope_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
+        return rows if cfg.qk_norm else _interleaved(rows, heads)
 
     def ours(name: str) -> torch.Tensor:  # GPT-2 without biases is written with zero biases
         return sd.get(name, torch.zeros(sd[name.replace(".bias", ".weight")].shape[0]))
@@ -69,13 +72,16 @@ def _expected(model) -> dict[str, torch.Tensor]:
     for i in range(cfg.n_layer):
         p, b = f"transformer.h.{i}.", f"blk.{i}."
         out |= {b + "attn_norm.weight": sd[p + "ln_1.weight"], b + "ffn_norm.weight": sd[p + "ln_2.weight"]}
+        if cfg.qk_norm:
+            out |= {b + "attn_q_norm.weight": sd[p + "attn.q_norm.weight"],
+                    b + "attn_k_norm.weight": sd[p + "attn.k_norm.weight"]}
         for k in kinds:
             out |= {f"{b}attn_output.{k}": ours(f"{p}attn.c_proj.{k}"),
                     f"{b}ffn_down.{k}": ours(f"{p}mlp.c_proj.{k}")}
             if llama:
                 q, key, v = ours(f"{p}attn.c_attn.{k}").split([H * D, H_kv * D, H_kv * D])
                 gate, up = ours(f"{p}mlp.c_fc.{k}").split(ffn_hidden_size(cfg))
-                out |= {f"{b}attn_q.{k}": _interleaved(q, H), f"{b}attn_k.{k}": _interleaved(key, H_kv),
+                out |= {f"{b}attn_q.{k}": rope_rows(q, H), f"{b}attn_k.{k}": rope_rows(key, H_kv),
                         f"{b}attn_v.{k}": v, f"{b}ffn_gate.{k}": gate, f"{b}ffn_up.{k}": up}
             else:
                 out |= {f"{b}attn_qkv.{k}": ours(f"{p}attn.c_attn.{k}"),
@@ -95,12 +101,12 @@ def test_the_file_holds_our_tensors_and_metadata(tmp_path: Path, shape: str) -> 
         kind, got = tensors[name]
         assert kind == "F32" and got.shape == tuple(want.shape) and np.array_equal(got, want.numpy()), name
     cfg, fields = model.config, _fields(reader)
-    arch = "llama" if cfg.pos_encoding == "rope" else "gpt2"
+    arch = ("qwen3" if cfg.qk_norm else "llama") if cfg.pos_encoding == "rope" else "gpt2"
     assert fields["general.architecture"] == arch and fields["general.name"] == "minigpt-test"
     assert fields["general.file_type"] == gguf.LlamaFileType.ALL_F32
     sizes = {"context_length": cfg.block_size, "embedding_length": cfg.n_embd, "block_count": cfg.n_layer,
              "feed_forward_length": ffn_hidden_size(cfg), "attention.head_count": cfg.n_head}
-    if arch == "llama":
+    if arch != "gpt2":
         sizes |= {"attention.head_count_kv": cfg.kv_heads, "rope.freq_base": cfg.rope_base,
                   "rope.dimension_count": cfg.head_dim, "attention.layer_norm_rms_epsilon": cfg.norm_eps}
     else:

@@ -1,7 +1,7 @@
 """Hugging Face export: the folder reloads with transformers alone (offline, no custom code) as
-GPT2LMHeadModel or LlamaForCausalLM, computes our logits (fp32, within 1e-5) and decodes our 100 greedy
-tokens; it imports back to the same model; nothing existing is overwritten and a failed export leaves
-nothing behind.
+GPT2LMHeadModel, LlamaForCausalLM or Qwen3ForCausalLM, computes our logits (fp32, within 1e-5) and decodes our
+100 greedy tokens; it imports back to the same model; nothing existing is overwritten and a failed export
+leaves nothing behind.
 
 Llama's rotary tables: transformers computes cos/sin in float32 (position · frequency rounded to float32),
 minigpt in float64 then rounds; at position 127 they differ by ~4e-6, which deep layers amplify to ~1e-4 in
@@ -31,7 +31,7 @@ transformers = pytest.importorskip("transformers")
 
 GREEDY_TOKENS = 100
 CLASSES = {"gpt2_block": "GPT2LMHeadModel", "odd_gpt2": "GPT2LMHeadModel", "demo": "LlamaForCausalLM",
-           "odd_llama": "LlamaForCausalLM"}
+           "odd_llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 def _use_transformers_rope_tables(model, hf) -> None:

@@ -18,6 +18,8 @@ from minigpt.data.eval_windows import eval_windows
 from minigpt.lab.ablation_report import BEGIN, END, ROWS, doc_block, render_block
 from minigpt.lab.loss_curves import read_scalars
 from minigpt.model.factory import build_model
+from minigpt.training.batch_schedule import BatchSchedule
+from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.trainer import train
 
@@ -37,8 +39,11 @@ HELPS = {
     "value_embeds": {"value_embeds": True}, "smear": {"smear": True}, "bigram_embed": {"bigram_embed": 16384},
     "logit_softcap": {"logit_softcap": 15.0}, "muon": {},
 }
+HELPS = {**HELPS, "embed_lr": {}, "batch_warmup": {}, "seq_len_warmup": {}}  # the optimizer, the batches
 CHANGES = {**CHANGES, **HELPS}
-OPTIM_CHANGES = {"muon": {"name": "muon"}}
+OPTIM_CHANGES = {"muon": {"name": "muon"}, "embed_lr": {"embed_lr": 3e-2}}
+TRAINER_CHANGES = {"batch_warmup": {"batch_warmup_steps": 60, "batch_warmup_start": 4},
+                   "seq_len_warmup": {"seq_len_warmup_steps": 90}}  # from 16 tokens, the default start
 
 
 def _lab(name: str, *extra: str) -> TrainConfig:
@@ -53,8 +58,10 @@ def test_every_ablation_file_is_the_baseline_plus_one_change():
     for name, change in CHANGES.items():
         cfg = _lab(name)
         assert cfg.run_name == name and name in ROWS  # the report has the design's claim for it
-        for section in ("data", "tokenizer", "trainer", "device", "logging"):
+        for section in ("data", "tokenizer", "device", "logging"):
             assert getattr(cfg, section) == getattr(base, section), (name, section)  # same data and budget
+        trainer = {k: v for k, v in vars(cfg.trainer).items() if getattr(base.trainer, k) != v}
+        assert trainer == TRAINER_CHANGES.get(name, {}), name
         diff = {k: v for k, v in vars(cfg.model).items() if getattr(base.model, k) != v}
         assert diff == change, name
         optim = {k: v for k, v in vars(cfg.optim).items() if getattr(base.optim, k) != v}
@@ -63,14 +70,18 @@ def test_every_ablation_file_is_the_baseline_plus_one_change():
 
 def test_every_file_trains_the_same_flops_and_ends_at_step_300():
     """The budget is in model FLOPs, so a file that changed the model's cost per token would train another
-    number of tokens; these all cost (nearly) the same, and all end at step 300."""
+    number of tokens; these all cost (nearly) the same, and all end at step 300, except the batch-size
+    warmup, whose first steps are smaller, so the same FLOPs take more of them."""
     for name in ("baseline", *CHANGES):
         cfg = _lab(name)
-        assert cfg.trainer.max_steps is None and cfg.trainer.max_flops is not None
+        tc = cfg.trainer
+        assert tc.max_steps is None and tc.max_flops is not None
         with torch.device("meta"):
             model = build_model(cfg.model, vocab_size=cfg.tokenizer.bpe_vocab_size)
-        per_step = model.flops_per_token() * cfg.trainer.batch_size * cfg.model.block_size
-        assert math.ceil(cfg.trainer.max_flops / per_step) == 300, name
+        batches = BatchSchedule(tc, cfg.model.block_size, 1, 1)
+        budget = Budget(max_flops=tc.max_flops, tokens_per_step=batches.tokens(10**6),
+                        flops_per_token=model.flops_per_token(), warmup_tokens=batches.warmup_tokens())
+        assert budget.last_step(0, 0) == (325 if name == "batch_warmup" else 300), name
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from conftest import ROOT
 from scipy import stats
 
 from minigpt.errors import UserError
-from minigpt.lab.tricks import BEGIN, END, collect, compare, page_block, render_block
+from minigpt.lab.tricks import collect, compare, markers, page_block, render_block
 
 COMMON = ["trainer.max_steps={steps}", "trainer.seed={seed}", "trainer.eval_tokens=all",
           "logging.sample_tokens=0", "device.type=cpu"]
@@ -58,6 +58,20 @@ def test_collect_pairs_each_arm_with_the_control_of_its_budget_by_seed(tmp_path)
         collect(tmp_path, {"s1200_relu2": "base900"})
 
 
+def test_an_arm_built_on_its_control_shows_only_what_it_adds(tmp_path):
+    base = ["optim.lr=1e-2", "model.n_layer=3"]
+    for seed in range(2):
+        _run(tmp_path, "s500_base", seed, 500, 4.5, base)
+        _run(tmp_path, "s500_more", seed, 500, 4.4, [*base, "model.qk_norm=true"])
+        _run(tmp_path, "s500_other", seed, 500, 4.4, ["optim.lr=2e-2", "model.qk_norm=true"])
+    doc = collect(tmp_path, {"s500_more": "s500_base", "s500_other": "s500_base"})
+    table = render_block(doc)
+    assert "| s500_more | `+ model.qk_norm=true` | 500 |" in table
+    # it drops model.n_layer=3, so the whole list is shown
+    assert "| s500_other | `optim.lr=2e-2` `model.qk_norm=true` | 500 |" in table
+    assert "| s500_base | `optim.lr=1e-2` `model.n_layer=3` | 500 |" in table
+
+
 def test_collect_refuses_an_arm_whose_runs_change_different_things(tmp_path):
     _run(tmp_path, "s500_x", 0, 500, 4.9, ["model.qk_norm=true"])
     _run(tmp_path, "s500_x", 1, 500, 4.9, ["model.smear=true"])
@@ -67,9 +81,22 @@ def test_collect_refuses_an_arm_whose_runs_change_different_things(tmp_path):
         collect(tmp_path / "missing")
 
 
+def test_an_arm_that_changes_the_vocabulary_is_compared_in_bits_per_byte(tmp_path):
+    for seed in range(3):
+        _run(tmp_path, "base500", seed, 500, 4.9 + seed / 100)  # bits per byte: loss / 2.5
+        _run(tmp_path, "s500_v8k", seed, 500, 5.2 + seed / 50, ["tokenizer.vocab_size=8192"])
+    doc = collect(tmp_path)
+    c = compare(doc, "s500_v8k")
+    assert c.difference.mean == pytest.approx((0.3 + 0.01) / 2.5)  # bits/byte, not the nats' +0.31
+    assert "| +0.124 ± " in render_block(doc) and " bits/byte vs base500 |" in render_block(doc)
+
+
 def test_the_page_is_what_the_json_renders_to():
     doc = json.loads((ROOT / "docs" / "tricks.json").read_text())
-    assert page_block((ROOT / "docs" / "tricks.md").read_text()) == render_block(doc)
+    text = (ROOT / "docs" / "tricks.md").read_text()
+    assert doc["rounds"]
+    for name, round_doc in doc["rounds"].items():
+        assert page_block(text, name) == render_block(round_doc), name
 
 
 def test_the_script_writes_the_json_and_the_table_and_refuses_a_page_without_markers(tmp_path, capsys):
@@ -78,15 +105,22 @@ def test_the_script_writes_the_json_and_the_table_and_refuses_a_page_without_mar
         _run(tmp_path / "runs", "s500_qk_norm", seed, 500, 4.8 + seed / 50, ["model.qk_norm=true"])
     page = tmp_path / "tricks.md"
     page.write_text("# page\n")
-    run = run_script("tricks_report", [str(tmp_path / "runs"), "--page", str(page)], capsys)
+    args = [str(tmp_path / "runs"), "--round", "two", "--page", str(page)]
+    run = run_script("tricks_report", args, capsys)
     assert run.code == 2 and len(run.err_lines) == 1 and "markers" in run.err_lines[0]
     assert page.read_text() == "# page\n" and not (tmp_path / "tricks.json").exists()  # nothing written
-    page.write_text(f"# page\n{BEGIN}\n{END}\nafter\n")
+    (b1, e1), (b2, e2) = markers("one"), markers("two")
+    page.write_text(f"# page\n{b1}\nkept\n{e1}\n{b2}\n{e2}\nafter\n")
+    (tmp_path / "tricks.json").write_text(json.dumps({"rounds": {"one": {"arms": {}, "step_ratios": {}}}}))
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"sections": {"techniques": {"rows": {"qk_norm": {"ratio": 1.25}}}}}))
-    run = run_script("tricks_report", [str(tmp_path / "runs"), "--page", str(page), "--bench", str(bench)],
-                     capsys)
+    run = run_script("tricks_report", [*args, "--bench", str(bench)], capsys)
     assert run.code == 0
     doc = json.loads((tmp_path / "tricks.json").read_text())
-    assert doc["step_ratios"] == {"s500_qk_norm": 1.25}
-    assert page.read_text() == f"# page\n{BEGIN}\n{render_block(doc)}\n{END}\nafter\n"
+    assert list(doc["rounds"]) == ["one", "two"]  # the other round kept
+    assert doc["rounds"]["two"]["step_ratios"] == {"s500_qk_norm": 1.25}
+    block = render_block(doc["rounds"]["two"])
+    assert page.read_text() == f"# page\n{b1}\nkept\n{e1}\n{b2}\n{block}\n{e2}\nafter\n"
+    rerender = ["--render", str(tmp_path / "tricks.json"), "--page", str(page)]
+    run = run_script("tricks_report", rerender, capsys)
+    assert run.code == 0 and page_block(page.read_text(), "two") == block

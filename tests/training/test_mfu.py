@@ -80,15 +80,15 @@ class FakeClock:
 
 
 def _meter(peak: float, world_size: int, clock: FakeClock) -> ThroughputMeter:
-    # 1000 tokens per step over all ranks, 100 FLOPs per token
-    return ThroughputMeter(1000, 100.0, peak, world_size, synchronize=lambda: None, clock=clock)
+    # 100 FLOPs per token; the tests' steps train 1000 tokens over all ranks
+    return ThroughputMeter(100.0, peak, world_size, synchronize=lambda: None, clock=clock)
 
 
 def test_mfu_is_per_device():
     clock = FakeClock()
     one, two = _meter(1e6, 1, clock), _meter(1e6, 2, clock)
     for m in (one, two):
-        m.step_done()
+        m.step_done(1000)
     clock.now = 1.0
     a, b = one.interval(), two.interval()
     assert a.tokens_per_s == b.tokens_per_s == 1000  # the global rate
@@ -100,14 +100,14 @@ def test_mfu_never_exceeds_one(caplog):
     """A peak below what the model reached (a probe on a busy machine) becomes the model's own rate."""
     clock = FakeClock()
     meter = _meter(50_000.0, 1, clock)  # the model will reach 100 FLOPs/token x 1000 tokens/s = 100,000
-    meter.step_done()
+    meter.step_done(1000)
     clock.now = 1.0
     with caplog.at_level(logging.WARNING, logger="minigpt.training.budget"):
         first = meter.interval()
-        meter.step_done()
+        meter.step_done(1000)
         clock.now = 3.0  # half as fast: 500 tokens/s
         second = meter.interval()
-        meter.step_done()
+        meter.step_done(1000)
         clock.now = 3.5  # twice as fast as the first: the peak rises again, without a second warning
         third = meter.interval()
     assert first.mfu == 1.0 and meter.peak_flops == 200_000.0

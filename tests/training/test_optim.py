@@ -200,6 +200,40 @@ def test_muon_steps_like_torchs_muon():
     assert d_ref.abs().max() > 0.01  # the step moved the weights
 
 
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_embed_lr_gives_the_embedding_tables_their_own_lr_on_the_schedule(name):
+    model = _model(value_embeds=True, pos_encoding="rope", tie_weights=False)
+    cfg = OptimConfig(name=name, lr=1e-3, embed_lr=0.2, muon_lr=0.05, warmup_steps=4, schedule="cosine")
+    opt = build_optimizer(model, cfg)
+    names = {id(p): n for n, p in model.named_parameters()}
+    tables, = [g for g in opt.param_groups if g["lr_scale"] == pytest.approx(200)]
+    assert {names[id(p)] for p in tables["params"]} == {
+        "transformer.wte.weight", *(f"transformer.ve.{i}.weight" for i in range(2))}
+    assert tables["weight_decay"] == 0.0
+    schedule = LRSchedule(cfg, Budget(max_steps=20))
+    for step in (0, 3, 10, 20):
+        lr = schedule.apply(opt, step, 0.0, 0)
+        assert tables["lr"] == pytest.approx(0.2 * lr / 1e-3)  # the same curve, from embed_lr
+        others = [g for g in opt.param_groups if g is not tables and not g.get("muon")]
+        assert all(g["lr"] == pytest.approx(lr) for g in others)
+
+
+@pytest.mark.parametrize("name", ["adamw", "muon"])
+def test_an_embed_lr_equal_to_lr_trains_exactly_like_none(name):
+    a, b = _model(), _model()
+    opts = [build_optimizer(m, OptimConfig(name=name, lr=1e-2, embed_lr=e, warmup_steps=0))
+            for m, e in ((a, None), (b, 1e-2))]
+    assert len(opts[1].param_groups) == len(opts[0].param_groups) + 1  # a third AdamW group, same lr
+    for seed in range(3):
+        for model, opt in zip((a, b), opts, strict=True):
+            x, y = _batch(4, seed=seed)
+            model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad()
+    for (name_, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name_)
+
+
 def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
     a, b = _model(), _model()
     cfg = OptimConfig(name="adamw", lr=1e-2, warmup_steps=0, weight_decay=0.1)
@@ -260,12 +294,14 @@ def test_muon_lowers_the_loss():
 
 @pytest.mark.parametrize("override, message", [
     ("name", "optim.name='sgd' is not one of: adamw, muon"),
+    ("embed_lr", "optim.embed_lr=-1.0 must be positive (or null: optim.lr)"),
     ("muon_lr", "optim.muon_lr=0 must be positive"),
     ("muon_momentum", "optim.muon_momentum=1.0 must be in [0, 1)"),
     ("muon_ns_steps", "optim.muon_ns_steps=0 must be at least 1"),
 ])
 def test_bad_muon_settings_are_user_errors(override, message):
-    value = {"name": "sgd", "muon_lr": 0, "muon_momentum": 1.0, "muon_ns_steps": 0}[override]
+    values = {"name": "sgd", "embed_lr": -1.0, "muon_lr": 0, "muon_momentum": 1.0, "muon_ns_steps": 0}
+    value = values[override]
     with pytest.raises(UserError) as err:
         OptimConfig(**{override: value})
     assert message in str(err.value)
