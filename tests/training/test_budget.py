@@ -74,10 +74,18 @@ TIMED = ("trainer.max_steps=null", "trainer.eval_every=4", "trainer.ckpt_every=3
          "logging.sample_tokens=0", "optim.warmup_steps=3")
 
 
-def _lrs(run: Path) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
+def _scalars(run: Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` over every event file of the run, by step. The reader's purge stays off: it
+    reads files in name order, and two writers of one process in one second are named by a counter, so a
+    resume's file (uid 10) can sort before its first part's (uid 9) and purge that part as out of order."""
+    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0}, purge_orphaned_data=False)
     events.Reload()
-    return [(e.step, e.value) for e in events.Scalars("optim/lr")]
+    latest = {e.step: e.value for e in sorted(events.Scalars(tag), key=lambda e: e.wall_time)}
+    return sorted(latest.items())
+
+
+def _lrs(run: Path) -> list[tuple[int, float]]:
+    return _scalars(run, "optim/lr")
 
 
 @pytest.mark.slow
@@ -143,12 +151,6 @@ def test_resume_continues_the_remaining_budget(make_train_cfg, tmp_path: Path):
     # The budget is used up: resuming again is refused, and says how to go on.
     with pytest.raises(UserError, match=r"already trained for 0:10.*raise trainer.max_time"):
         timed_trainer(make_train_cfg(*common, "trainer.resume=auto"), tmp_path / "split", 1.0)
-
-
-def _scalars(run: Path, tag: str) -> list[tuple[int, float]]:
-    events = EventAccumulator(str(run / "tb"), size_guidance={"scalars": 0})
-    events.Reload()
-    return [(e.step, e.value) for e in events.Scalars(tag)]
 
 
 @pytest.mark.slow
