@@ -100,8 +100,9 @@ def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) 
 class TwoRankLoader:
     """One process drawing rank 0's and rank 1's micro-batches and stacking them: the same global batch."""
 
-    def __init__(self, bin_path, block_size, batch_size, *, seed, rank, world_size, device):
+    def __init__(self, bin_path, block_size, batch_size, *, seed, rank, world_size, device, batch_sizes):
         assert (rank, world_size) == (0, 1) and batch_size % 2 == 0
+        assert batch_sizes(0) == batch_size  # no batch-size warmup: each rank draws half of every batch
         self.parts = [BatchLoader(bin_path, block_size, batch_size // 2, seed=seed, rank=r, world_size=2,
                                   device=device) for r in range(2)]
 
