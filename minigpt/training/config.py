@@ -38,8 +38,9 @@ class OptimConfig:
     # cosine: decay over the whole budget | wsd: warmup-stable-decay, the peak held until the last
     # cooldown_ratio of the budget, then a straight line down to the floor
     schedule: str = "wsd"
-    cooldown_ratio: float = 0.2  # wsd only: the share of the budget spent decaying (0: a constant lr)
-    weight_decay: float = 0.1  # matrices only; norms, biases and embeddings are not decayed
+    cooldown_ratio: float = 0.4  # wsd only: the share of the budget spent decaying (0: a constant lr)
+    # matrices only; norms, biases and embeddings are not decayed. 0 by default: a short run gained from none
+    weight_decay: float = 0.0
     beta1: float = 0.9
     beta2: float = 0.95  # shorter second-moment memory than Adam's 0.999: steadier with small batches
     eps: float = 1e-8
@@ -47,8 +48,9 @@ class OptimConfig:
     decay_steps: int | None = None  # where the decay reaches its floor, in steps; None: the run's budget
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping (the norm is still logged)
     # AdamW's peak lr for the embedding tables (token, value-embedding and bigram tables, learned positions;
-    # with tied weights the head too), same schedule; null: optim.lr (training/optim.py param_groups)
-    embed_lr: float | None = None
+    # with tied weights the head too), same schedule; null: optim.lr (training/optim.py param_groups). A
+    # table's row moves only when its token occurs, so the tables take an lr far above the rest's
+    embed_lr: float | None = 0.05
     muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
@@ -94,7 +96,7 @@ class TrainerConfig:
     """The training loop (`training/trainer.py`). One step is one optimizer update."""
 
     # The budget (training/budget.py): any of these five; with several, the first one reached ends the run.
-    max_steps: int | None = 1500  # null: no step limit (then set another one)
+    max_steps: int | None = 2200  # null: no step limit (then set another one)
     # Training time, e.g. 90s, 3min, 1h; evaluation and checkpoints are not counted. Depends on the machine.
     max_time: str | None = None
     max_tokens: int | None = None  # training tokens over all ranks: the same work on any machine

@@ -46,9 +46,10 @@ def test_every_candidate_is_the_default_run_at_the_speedruns_budget_plus_its_cha
     base = to_object(compose_train(["experiment=speedrun/default"]), TrainConfig)
     assert base.model == default.model and base.optim == default.optim  # the default run itself
     assert base.trainer.max_steps is None and base.trainer.max_flops == 8.16e12
-    with torch.device("meta"):  # 8.16e12 FLOPs are the default run's 1,500 steps
-        per_step = build_model(default.model, vocab_size=4096).flops_per_token() * 8 * 128
-    assert math.ceil(base.trainer.max_flops / per_step) == default.trainer.max_steps
+    with torch.device("meta"):  # 8.16e12 FLOPs are 1,500 steps of the default model and batch
+        tokens = default.trainer.batch_size * default.model.block_size
+        per_step = build_model(default.model, vocab_size=4096).flops_per_token() * tokens
+    assert math.ceil(base.trainer.max_flops / per_step) == 1500
     for name in candidates:
         cfg = to_object(compose_train([f"experiment=speedrun/{name}"]), TrainConfig)
         assert cfg.run_name == name and cfg.trainer.max_flops == base.trainer.max_flops, name

@@ -236,7 +236,7 @@ def test_an_embed_lr_equal_to_lr_trains_exactly_like_none(name):
 
 def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
     a, b = _model(), _model()
-    cfg = OptimConfig(name="adamw", lr=1e-2, warmup_steps=0, weight_decay=0.1)
+    cfg = OptimConfig(name="adamw", lr=1e-2, warmup_steps=0, weight_decay=0.1, embed_lr=None)
     ours = MuonAdamW([{**g, "lr": cfg.lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
                       for g in param_groups(a, cfg.weight_decay)])
     torchs = build_optimizer(b, cfg)
@@ -269,7 +269,7 @@ def test_muon_takes_the_blocks_matrices_and_adamw_everything_else():
 
 def test_the_schedule_moves_muon_and_adamw_along_one_curve():
     model = _model()
-    cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.05, warmup_steps=4, schedule="cosine")
+    cfg = OptimConfig(name="muon", lr=1e-3, muon_lr=0.05, warmup_steps=4, schedule="cosine", embed_lr=None)
     opt = build_optimizer(model, cfg)
     schedule = LRSchedule(cfg, Budget(max_steps=20))
     for step in (0, 3, 10, 20):
