@@ -218,20 +218,25 @@ def test_embed_lr_gives_the_embedding_tables_their_own_lr_on_the_schedule(name):
         assert all(g["lr"] == pytest.approx(lr) for g in others)
 
 
+def _assert_same_training(a, opt_a, b, opt_b) -> None:
+    """Three steps of each model on the same batches leave bit-identical weights."""
+    for seed in range(3):
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            x, y = _batch(4, seed=seed)
+            model(x, y)[1].backward()
+            opt.step()
+            opt.zero_grad()
+    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+
+
 @pytest.mark.parametrize("name", ["adamw", "muon"])
 def test_an_embed_lr_equal_to_lr_trains_exactly_like_none(name):
     a, b = _model(), _model()
     opts = [build_optimizer(m, OptimConfig(name=name, lr=1e-2, embed_lr=e, warmup_steps=0))
             for m, e in ((a, None), (b, 1e-2))]
     assert len(opts[1].param_groups) == len(opts[0].param_groups) + 1  # a third AdamW group, same lr
-    for seed in range(3):
-        for model, opt in zip((a, b), opts, strict=True):
-            x, y = _batch(4, seed=seed)
-            model(x, y)[1].backward()
-            opt.step()
-            opt.zero_grad()
-    for (name_, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name_)
+    _assert_same_training(a, opts[0], b, opts[1])
 
 
 def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
@@ -241,14 +246,7 @@ def test_muon_adamw_trains_its_adamw_groups_exactly_like_torchs_adamw():
                       for g in param_groups(a, cfg.weight_decay)])
     torchs = build_optimizer(b, cfg)
     assert isinstance(torchs, torch.optim.AdamW)
-    for seed in range(3):
-        for model, opt in ((a, ours), (b, torchs)):
-            x, y = _batch(4, seed=seed)
-            model(x, y)[1].backward()
-            opt.step()
-            opt.zero_grad()
-    for (name, p), q in zip(a.named_parameters(), b.parameters(), strict=True):
-        torch.testing.assert_close(p, q, atol=0, rtol=0, msg=name)
+    _assert_same_training(a, ours, b, torchs)
 
 
 def test_muon_takes_the_blocks_matrices_and_adamw_everything_else():
