@@ -42,6 +42,14 @@ torch.set_num_threads(1)
 
 TEST_SEED = 0
 
+# The suite sends stop signals to the trainer and to the commands it starts, and checks what they do. A
+# suite started in the background of a script (`cmd &`: SIGINT ignored) or under nohup (SIGHUP ignored)
+# would hand those dispositions to every process, and minigpt rightly leaves an inherited "ignore" alone
+# (minigpt/signals.py), so every stop signal starts from its default here, as in a terminal.
+for _sig in STOP_SIGNALS:
+    if signal.getsignal(_sig) is signal.SIG_IGN:
+        signal.signal(_sig, signal.default_int_handler if _sig == signal.SIGINT else signal.SIG_DFL)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytest-randomly would reseed `random` and numpy from its order seed before each test body; the seed
