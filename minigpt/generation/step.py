@@ -8,7 +8,9 @@ dispatched from Python, which for a small model costs more than the arithmetic. 
 the same function goes through torch.compile: Inductor fuses the elementwise ops and norms into a few
 generated kernels (C++ on a CPU, Triton on CUDA) and calls the matrix products directly, so a step costs
 little beyond reading the weights. Dynamic shapes make one compiled graph serve every cache length (and
-the few query lengths speculative decoding verifies), instead of a compilation per length.
+the few query lengths speculative decoding verifies), instead of a compilation per length. On a CPU the
+kernels are called from a generated C++ function (Inductor's `cpp_wrapper`) rather than from Python, one by
+one: what is left of a small model's step after fusion is mostly those calls.
 
 Before every call of a compiled function, Dynamo checks that nothing its graph was traced from has changed:
 for a model, hundreds of checks of its modules' attributes, which cost more than a small model's whole step.
@@ -46,12 +48,19 @@ def _logits(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> tor
     return model(tokens, kv_cache=cache)[0]  # (B, T, V)
 
 
-def _compiled_logits() -> Callable:
+def _compiled_logits(device: torch.device) -> Callable:
     """`_logits` compiled with dynamic shapes, its graphs its own and the checks of the modules' attributes
     skipped where this torch can skip them (see the module docstring)."""
     own = types.FunctionType(_logits.__code__.replace(), _logits.__globals__, _logits.__name__)
+    # The graph's own check of every input's size and stride (a hundred per step, the weights included)
+    # guards against a caller handing it other tensors, which no caller of this copy can.
+    options: dict = {"size_asserts": False}
     skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
-    return torch.compile(own, dynamic=True, options={"guard_filter_fn": skip} if skip else None)
+    if skip:
+        options["guard_filter_fn"] = skip
+    if device.type == "cpu":
+        options["cpp_wrapper"] = True  # the generated kernels called from C++, not one by one from Python
+    return torch.compile(own, dynamic=True, options=options)
 
 
 class DecodeStep:
@@ -67,7 +76,7 @@ class DecodeStep:
         if problem:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
-        self._forward = _compiled_logits() if self.compiled else _logits
+        self._forward = _compiled_logits(device) if self.compiled else _logits
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
