@@ -28,6 +28,7 @@ from minigpt.generation.decoder import quantize_for_decoding
 from minigpt.inspect.perplexity import document_tokens, recorded_corpus, sliding_window_loss
 from minigpt.lab.bench.generation import minigpt_generate
 from minigpt.model.gpt import GPT
+from minigpt.sampling.next_token import greedy
 
 
 def _dtypes(model: GPT) -> dict[str, GPT]:
@@ -48,7 +49,7 @@ def _greedy_agreement(models: dict[str, GPT], prompts: list[list[int]], new_toke
             for i, token in enumerate(want):
                 end = len(prompt) + i
                 logits, _ = model(seq[:, max(0, end - window) : end], last_only=True)  # (1, 1, V)
-                hits += int(logits[0, -1].argmax()) == token
+                hits += int(greedy(logits[0, -1])) == token
             row["agreement"] += hits / (len(want) * len(prompts))
             own = minigpt_generate(model, prompt, new_tokens)
             differ = (i for i, (a, b) in enumerate(zip(own, want, strict=True)) if a != b)
