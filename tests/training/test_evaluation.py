@@ -50,7 +50,9 @@ def _val_texts(prepared, corpus: Path) -> list[str]:
     return [f.read_text(encoding="utf-8") for f in files]
 
 
-@pytest.mark.parametrize(("kind", "vocab"), [("bpe", 320), ("char", None), ("byte", None)])
+# The split hashes each file's (absolute, tmp) path, so any 1-7 of the 8 files can land in train: bpe's 288
+# is below what a single one of them supports (296).
+@pytest.mark.parametrize(("kind", "vocab"), [("bpe", 288), ("char", None), ("byte", None)])
 def test_bits_per_byte_equals_an_independent_computation(tmp_path: Path, kind: str, vocab: int | None):
     corpus = _corpus(tmp_path / "corpus")
     data = DataConfig(source="text", paths=[str(corpus)], val_ratio=0.25)
