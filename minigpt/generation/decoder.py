@@ -40,7 +40,7 @@ def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = Fal
     whose kernel has no layout to choose."""
     notes = list(notes or [])
     if kernels is None:
-        kernels, why = choose_kernels(model, batch_size, int8)
+        kernels, why = choose_kernels(model, batch_size, int8, compile)
         notes.extend(why)
     model.prepare_for_inference(kernels.layout, batch_size, kernels.attention, kernels.head_layout)
     step = DecodeStep(model, compile=compile, kernels=kernels)

@@ -18,6 +18,12 @@ candidates are timed, and the fastest is used when it beats PyTorch's default by
                fused kernel, or `math`, the scores, the softmax and the weighted sum as three ops. Timed at
                cache lengths across the context, in the model's dtype.
 
+    frozen     for a compiled step only (generation/step.py): the matrices stay plain and are frozen into the
+               compiled graph as constants, and Inductor chooses each product's kernel itself, timing its own
+               generated GEMM against the library's on that matrix (max-autotune). It applies to every plain
+               matrix of the step, so it is chosen for the head and the blocks together, or for one set while
+               the other is packed (an operator Inductor does not touch).
+
 int8 weights (model/int8.py) have a kernel of their own; what is chosen for them is the dtype of the
 activations it multiplies (`choose_int8_activation_dtype`), and the attention as above.
 
@@ -27,7 +33,10 @@ Every measurement is injected in the tests (`measure=`), which check that the ch
 from __future__ import annotations
 
 import time
+import types
+import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minigpt.device.probe import synchronize
+from minigpt.device.runtime import compile_problem
 from minigpt.model.attention import math_attention, sdpa_attention
 from minigpt.model.config import ModelConfig
 from minigpt.model.gpt import GPT
@@ -45,6 +55,10 @@ from minigpt.model.packed import can_pack, pack, packed_linear
 # differ by 1.5x and more, so a smaller ratio is timing noise on a shared machine, not a reason to change.
 MIN_SPEEDUP = 1.2
 ATTENTION_BACKENDS = ("sdpa", "math")  # the backends a one-query step can use (online is for teaching)
+# Inductor's settings for a step compiled with its weights frozen into it: each product's kernel timed by
+# Inductor among its own generated GEMM and the library's, quietly (its tables would mix into the text).
+FROZEN_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
+                   "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}
 
 
 @dataclass(frozen=True)
@@ -55,12 +69,14 @@ class Kernels:
     head_layout: str = "out_in"  # the head's, chosen apart: a large vocabulary makes it the largest by far
     onednn: bool = True  # torch.backends.mkldnn.enabled during the step
     attention: str | None = None  # the one-query step's attention backend; None: the model's own
+    frozen: bool = False  # a compiled step freezes the weights; Inductor chooses the plain ones' kernels
 
     @property
     def name(self) -> str:
+        layout = lambda name: "frozen" if self.frozen and name != "packed" else name
         onednn = "" if self.onednn else ", without oneDNN"
         attention = f", {self.attention} attention" if self.attention else ""
-        return f"head {self.head_layout}, blocks {self.layout}{onednn}{attention}"
+        return f"head {layout(self.head_layout)}, blocks {layout(self.layout)}{onednn}{attention}"
 
 
 DEFAULT = Kernels()
@@ -86,14 +102,49 @@ def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
 # --- the products -------------------------------------------------------------------------------------------
 
 
-def product_candidates(weight: torch.Tensor) -> list[Products]:
+def product_candidates(weight: torch.Tensor, compile: bool = False) -> list[Products]:
     """The ways worth timing for matrices of `weight`'s dtype and device: none but the default off a CPU;
-    oneDNN on or off only matters for plain 16-bit matrices (float32 ones go to BLAS either way)."""
+    oneDNN on or off only matters for plain 16-bit matrices (float32 ones go to BLAS either way); frozen only
+    for a step that will be compiled."""
     if weight.device.type != "cpu":
         return [DEFAULT_PRODUCTS]
     flags = (True, False) if weight.dtype != torch.float32 else (True,)
     plain = [(layout, flag) for layout in ("out_in", "in_out") for flag in flags]
-    return plain + ([("packed", True)] if can_pack(weight) else [])
+    packed = [("packed", True)] if can_pack(weight) else []
+    frozen = [("frozen", True)] if compile and compile_problem(weight.device) is None else []
+    return plain + packed + frozen
+
+
+def frozen_inductor() -> AbstractContextManager:
+    """Inductor's settings for compiling with the weights frozen (FROZEN_INDUCTOR), to enter around the calls
+    that may compile."""
+    from torch._inductor import config
+
+    # Its autotuner calls a deprecated storage API, whose warning would land in the middle of generated text.
+    warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning, r"torch\._inductor")
+    return config.patch(FROZEN_INDUCTOR)
+
+
+def _frozen_products(linears: nn.ModuleList, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [linear(x) for linear, x in zip(linears, xs, strict=True)]  # (rows, out) each
+
+
+def frozen_products(matrices: list[torch.Tensor]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The products by `matrices` (out, in) compiled as a frozen step compiles them (FROZEN_INDUCTOR): xs ->
+    [x @ w.T]. Inductor chooses and times the kernels at the first call; its own copy of the function, so no
+    other set of matrices shares its graphs."""
+    linears = nn.ModuleList(nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+                            for w in matrices)
+    for linear, w in zip(linears, matrices, strict=True):
+        linear.weight = nn.Parameter(w.detach(), requires_grad=False)
+    own = types.FunctionType(_frozen_products.__code__.replace(), _frozen_products.__globals__)
+    compiled = torch.compile(own, dynamic=True, options={"cpp_wrapper": True})  # as a CPU step is compiled
+    settings = frozen_inductor()
+
+    def call(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        with torch.no_grad(), settings:
+            return compiled(linears, xs)
+    return call
 
 
 def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
@@ -105,12 +156,16 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
               "in_out": [w.detach().t().contiguous().t() for w in matrices]}  # (out, in) both; strides differ
     if any(layout == "packed" for layout, _ in ways):
         stored["packed"] = [pack(w, rows) for w in matrices]
+    frozen = frozen_products(matrices) if ("frozen", True) in ways else None
 
     def products(layout: str, onednn: bool) -> Callable[[], None]:
         def call() -> None:
             saved = torch.backends.mkldnn.enabled
             torch.backends.mkldnn.enabled = onednn
             try:
+                if layout == "frozen":
+                    frozen(xs)
+                    return
                 for x, w, m in zip(xs, matrices, stored[layout], strict=True):
                     if layout == "packed":
                         packed_linear(x, m, None, w.shape[0])  # (rows, out)
@@ -126,21 +181,36 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
 ProductMeasure = Callable[[list[torch.Tensor], int, list[Products]], dict[Products, float]]
 
 
-def choose_products(head: torch.Tensor, blocks: list[torch.Tensor], rows: int,
+def _combination(head: Products, blocks: Products, flag: bool) -> Kernels | None:
+    """The kernels that compute the head `head`'s way and the blocks `blocks`' way under oneDNN `flag`, or
+    None where no step can: a frozen step freezes every plain matrix (only a packed one stays as it is), and
+    a frozen matrix was timed with oneDNN on."""
+    layouts = {head[0], blocks[0]}
+    if "frozen" in layouts and (not flag or layouts - {"frozen", "packed"}):
+        return None
+    if any(way[1] != flag and way[0] not in ("packed", "frozen") for way in (head, blocks)):
+        return None
+    plain = lambda layout: "out_in" if layout == "frozen" else layout
+    return Kernels(plain(blocks[0]), plain(head[0]), flag, frozen="frozen" in layouts)
+
+
+def choose_products(head: torch.Tensor, blocks: list[torch.Tensor], rows: int, compile: bool = False,
                     measure: ProductMeasure = time_products) -> tuple[Kernels, str]:
-    """The layouts (the head's and the blocks' matrices) and oneDNN flag for decoding `rows` rows, and why:
-    each set of matrices timed in every way, the fastest combination under one flag kept if it beats the
-    default by MIN_SPEEDUP."""
-    ways = product_candidates(head)
+    """The layouts (the head's and the blocks' matrices) and oneDNN flag for decoding `rows` rows (with a
+    compiled step: `compile`), and why: each set of matrices timed in every way, the fastest combination a
+    step can run kept if it beats the default by MIN_SPEEDUP."""
+    ways = product_candidates(head, compile)
     if ways == [DEFAULT_PRODUCTS]:
         return DEFAULT, f"{DEFAULT.name}: nothing to choose on {head.device.type}"
     head_s = measure([head], rows, ways)
     blocks_s = measure(blocks, rows, ways) if blocks else dict.fromkeys(ways, 0.0)
     totals = {}
     for flag in sorted({flag for _, flag in ways}, reverse=True):
-        usable = [way for way in ways if way[1] == flag or way[0] == "packed"]
-        h, b = min(usable, key=head_s.get), min(usable, key=blocks_s.get)
-        totals[Kernels(b[0], h[0], flag)] = head_s[h] + blocks_s[b]
+        for h in ways:
+            for b in ways:
+                kernels = _combination(h, b, flag)
+                if kernels is not None and head_s[h] + blocks_s[b] < totals.get(kernels, float("inf")):
+                    totals[kernels] = head_s[h] + blocks_s[b]
     best = min(totals, key=totals.get)
     default_s = head_s[DEFAULT_PRODUCTS] + blocks_s[DEFAULT_PRODUCTS]
     measured = f"head {_ways(head_s)}; {len(blocks)} block matrices {_ways(blocks_s)}"
@@ -196,14 +266,15 @@ def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.devi
     return best, f"{best} attention: {measured} ({times[own] / times[best]:.2f}x {own})"
 
 
-def choose_kernels(model: GPT, rows: int, int8: bool, measure_products: ProductMeasure = time_products,
+def choose_kernels(model: GPT, rows: int, int8: bool, compile: bool = False,
+                   measure_products: ProductMeasure = time_products,
                    measure_attention: AttentionMeasure = time_attention) -> tuple[Kernels, list[str]]:
     """The kernels for decoding `rows` rows with `model` (`int8`: its linears are Int8Linear, whose product
-    has no layout to choose), and one line per choice saying why."""
+    has no layout to choose; `compile`: the step will be compiled), and one line per choice saying why."""
     products, notes = DEFAULT, []
     if not int8:
         blocks = [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
-        products, why = choose_products(model.lm_head.weight, blocks, rows, measure_products)
+        products, why = choose_products(model.lm_head.weight, blocks, rows, compile, measure_products)
         notes.append(f"products {why}")
     table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
     attention, why = choose_attention(model.config, table.dtype, table.device, rows, measure_attention)

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.kernels import DEFAULT, Kernels
+from minigpt.generation.kernels import DEFAULT, Kernels, frozen_inductor
 from minigpt.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,8 @@ class DecodeStep:
     """tokens (B, T) fed on top of `cache` -> their logits (B, T, V); eager or compiled (a `DecodeFn`).
 
     `kernels.onednn` is applied around every call (generation/kernels.py; the layout and the attention are the
-    model's own, set when it was prepared); `compiled` says what was asked and could be honoured."""
+    model's own, set when it was prepared), and so are Inductor's frozen settings where `kernels.frozen` asks
+    for them (they take effect when a call compiles); `compiled` says what was asked and could be honoured."""
 
     def __init__(self, model: torch.nn.Module, *, compile: bool = False, kernels: Kernels = DEFAULT):
         self.model, self.kernels = model, kernels
@@ -77,12 +78,16 @@ class DecodeStep:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
         self._forward = _compiled_logits(device) if self.compiled else _logits
+        self._frozen = frozen_inductor() if self.compiled and kernels.frozen else None
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
         saved = torch.backends.mkldnn.enabled
         torch.backends.mkldnn.enabled = self.kernels.onednn
         try:
+            if self._frozen is not None:  # any call may compile (a new query length)
+                with self._frozen:
+                    return self._forward(self.model, tokens, cache)
             return self._forward(self.model, tokens, cache)
         finally:
             torch.backends.mkldnn.enabled = saved

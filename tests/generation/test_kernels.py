@@ -22,6 +22,7 @@ from minigpt.sampling.params import SamplingParams
 
 OI, OI_OFF, IO, IO_OFF = ("out_in", True), ("out_in", False), ("in_out", True), ("in_out", False)
 PK = ("packed", True)  # a packed matrix is oneDNN's under either flag
+FZ = ("frozen", True)  # the plain matrices frozen into a compiled step, Inductor choosing their kernels
 SETUPS = [DEFAULT, Kernels("in_out", "in_out"), Kernels("out_in", "out_in", False),
           Kernels("in_out", "in_out", False), Kernels("packed", "packed"), Kernels("in_out", "packed", False),
           Kernels(attention="math"), Kernels("packed", "out_in", attention="sdpa")]
@@ -116,6 +117,13 @@ def test_the_candidates_are_what_can_differ() -> None:
     assert kernels.product_candidates(torch.zeros(4, 4, device="meta")) == [OI]  # not a CPU
 
 
+def test_frozen_is_a_candidate_for_a_step_that_will_be_compiled(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "compile_problem", lambda device: None)
+    assert kernels.product_candidates(torch.zeros(4, 4), compile=True) == [OI, IO, PK, FZ]
+    monkeypatch.setattr(kernels, "compile_problem", lambda device: "no C++ compiler")
+    assert kernels.product_candidates(torch.zeros(4, 4), compile=True) == [OI, IO, PK]
+
+
 def test_without_onednn_nothing_is_packed(monkeypatch) -> None:
     monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
     assert kernels.product_candidates(torch.zeros(4, 4)) == [OI, IO]
@@ -146,6 +154,27 @@ def test_the_product_choice_follows_the_measurement(head: dict, blocks: dict, ch
     assert chosen.name in why and "ms" in why and "2 block matrices" in why
 
 
+SLOW = {OI: 9.0, OI_OFF: 9.0, IO: 9.0, IO_OFF: 9.0, PK: 9.0, FZ: 9.0}
+
+
+@pytest.mark.parametrize(("head", "blocks", "chosen"), [
+    ({FZ: 1.0}, {FZ: 1.0}, Kernels(frozen=True)),
+    # the blocks' fastest way is plain, which a frozen step would freeze too: frozen head + packed blocks
+    ({FZ: 1.0, PK: 3.0}, {IO: 1.0, PK: 1.5, FZ: 2.0}, Kernels("packed", "out_in", frozen=True)),
+    ({FZ: 1.0, PK: 1.5}, {IO: 1.0, PK: 3.0, FZ: 3.0}, Kernels("in_out", "packed")),  # 2.5 beats 4.0
+    ({FZ: 1.0, OI_OFF: 1.2}, {OI_OFF: 1.0, FZ: 1.5}, Kernels(onednn=False)),  # frozen: timed with oneDNN
+    ({PK: 1.0, FZ: 2.0}, {FZ: 1.0, PK: 2.0}, Kernels("out_in", "packed", frozen=True)),
+])  # fmt: skip
+def test_frozen_combines_only_with_what_a_frozen_step_leaves_alone(head, blocks, chosen, monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "compile_problem", lambda device: None)
+    measure = lambda matrices, rows, ways: {w: {**SLOW, **(head if len(matrices) == 1 else blocks)}[w]
+                                            for w in ways}
+    head_w, block_w = torch.zeros(61, 32, dtype=torch.bfloat16), torch.zeros(96, 32, dtype=torch.bfloat16)
+    setup, why = kernels.choose_products(head_w, [block_w, block_w], 1, compile=True, measure=measure)
+    assert setup == chosen and why.startswith(chosen.name)
+    assert ("frozen" in why.split(":")[0]) == chosen.frozen
+
+
 @pytest.mark.parametrize(("own", "times", "chosen"), [
     ("sdpa", {"sdpa": 3.0, "math": 1.0}, "math"),
     ("sdpa", {"sdpa": 1.1, "math": 1.0}, "sdpa"),  # within the noise margin: the model's own
@@ -171,7 +200,8 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
     fake_attention = lambda config, dtype, device, rows, backends: seen.append((dtype, rows)) or {
         "sdpa": 2.0, "math": 1.0}
     monkeypatch.setattr(decoder, "choose_kernels",
-                        lambda m, rows, int8: kernels.choose_kernels(m, rows, int8, fake, fake_attention))
+                        lambda m, rows, int8, compile: kernels.choose_kernels(m, rows, int8, compile, fake,
+                                                                              fake_attention))
     model = _tiny()
     with caplog.at_level(logging.DEBUG, logger="minigpt.generation.decoder"):
         prepared = decoder.prepare_for_decoding(model, batch_size=3)
@@ -195,6 +225,17 @@ def test_the_measurements_are_real_times() -> None:
                                    repeats=1)
     assert set(times) == {"sdpa", "math"} and all(0 < t < math.inf for t in times.values())
     assert kernels.cache_lengths(16) == [2, 8, 16] and kernels.cache_lengths(4) == [1, 2, 4]
+
+
+@pytest.mark.slow
+def test_frozen_products_are_the_products_and_are_timed() -> None:
+    gen = torch.Generator().manual_seed(0)
+    matrices = [torch.randn(96, 32, generator=gen), torch.randn(32, 96, generator=gen)]
+    xs = [torch.randn(2, 32, generator=gen), torch.randn(2, 96, generator=gen)]
+    for got, x, w in zip(kernels.frozen_products(matrices)(xs), xs, matrices, strict=True):
+        torch.testing.assert_close(got, x @ w.T, atol=1e-5, rtol=1e-5)
+    times = kernels.time_products(matrices, 2, [OI, FZ], repeats=1)
+    assert set(times) == {OI, FZ} and all(0 < t < math.inf for t in times.values())
 
 
 @pytest.mark.parametrize(("fp32_s", "bf16_s", "chosen"),

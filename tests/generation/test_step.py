@@ -13,6 +13,7 @@ import torch
 import torch._inductor.metrics as inductor_metrics
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 
+from minigpt.generation.kernels import Kernels
 from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.generation.step import DecodeStep
 from minigpt.model.config import ModelConfig
@@ -57,6 +58,30 @@ def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
         model, _model(n_layer=1), [1, 2, 3], max_new_tokens=30, params=SamplingParams(0.0),
         generator=torch.Generator(), num_draft_tokens=3, step=compiled)]  # fmt: skip
     greedy = generate(model, [[1, 2, 3]], max_new_tokens=30, params=SamplingParams(0.0),
+                      generator=torch.Generator())
+    assert got == greedy.tokens[0]
+
+
+@pytest.mark.slow
+def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weights() -> None:
+    """Frozen (kernels.frozen), the weights become constants of the compiled graph and Inductor picks each
+    product's kernel: the tokens and logits are still the eager step's, batched and verifying several drafted
+    tokens, and a second model of the same shape with other weights gets a graph of its own."""
+    first, second = _model(), _model()
+    with torch.no_grad():
+        for p in second.parameters():
+            p.mul_(-1.0)
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    for model in (first, second):
+        step = DecodeStep(model, compile=True, kernels=Kernels(frozen=True))
+        eager, fast = _run(model, None, prompts, 20), _run(model, step, prompts, 20)
+        assert fast.tokens == eager.tokens
+        for a, b in zip(fast.logits, eager.logits, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    got = [s.emitted[0] for s in speculative_stream_tokens(
+        second, _model(n_layer=1), [1, 2, 3], max_new_tokens=12, params=SamplingParams(0.0),
+        generator=torch.Generator(), num_draft_tokens=3, step=step)]  # fmt: skip
+    greedy = generate(second, [[1, 2, 3]], max_new_tokens=12, params=SamplingParams(0.0),
                       generator=torch.Generator())
     assert got == greedy.tokens[0]
 

@@ -39,7 +39,7 @@ def bench_decode_batch(device: torch.device, *, batch_sizes: tuple[int, ...] = (
     contenders, decoders, prepared, setups = {}, {}, {}, {}
     for dtype, model in models.items():
         for b in batch_sizes:
-            kernels, why = choose_kernels(model, b, int8=dtype == "int8")
+            kernels, why = choose_kernels(model, b, int8=dtype == "int8", compile=compile)
             # a copy per setup (packed matrices are packed for their batch size); one compiled step serves
             # every batch of a setup
             key = (dtype, kernels, b if "packed" in (kernels.layout, kernels.head_layout) else None)

@@ -11,6 +11,8 @@ new ones, greedy, through the generator's whole loop (sampling, stop checks, win
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from minigpt.generation.decoder import prepare_for_decoding
@@ -26,10 +28,9 @@ def bench_default_decode(device: torch.device, *, prompt_len: int = 16, new_toke
     """tokens/s and seconds per step of the default model, eager and (compile) compiled."""
     torch.manual_seed(0)
     model = build_model(default_model_config()).to(device).eval()
-    decoders = {"eager": prepare_for_decoding(model)}
+    decoders = {"eager": prepare_for_decoding(copy.deepcopy(model))}
     if compile:
-        kernels = decoders["eager"].step.kernels
-        decoders["compiled"] = prepare_for_decoding(model, compile=True, kernels=kernels)
+        decoders["compiled"] = prepare_for_decoding(model, compile=True)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(4))
     runs = {name: (lambda d=d: minigpt_generate(d.model, prompt.tolist(), new_tokens, step=d.step))

@@ -99,18 +99,19 @@ def mbu(bytes_per_token: float, seconds_per_token: float, bandwidth: float | Non
 
 def decoders(trained: GPT, compile: bool) -> dict[str, Decoder]:
     """minigpt's contenders: each weights dtype prepared as `generate` prepares it, eager and (compile)
-    compiled."""
+    compiled, each on a copy of its own with kernels measured for its own step (a compiled step has a
+    candidate more: the weights frozen into it)."""
     models = {"fp32": (copy.deepcopy(trained), False, []),
               "bf16": (copy.deepcopy(trained).bfloat16(), False, [])}
     int8, why = quantize_for_decoding(copy.deepcopy(trained))
     models["int8"] = (int8, True, [why])
     out = {}
     for dtype, (model, is_int8, notes) in models.items():
-        eager = prepare_for_decoding(model, int8=is_int8, notes=notes)
-        out[f"minigpt {dtype}"] = eager
-        if compile:
-            out[f"minigpt {dtype} compiled"] = prepare_for_decoding(model, int8=is_int8, compile=True,
-                                                                    kernels=eager.step.kernels)
+        compiled = prepare_for_decoding(copy.deepcopy(model), int8=is_int8, compile=True, notes=notes) \
+            if compile else None
+        out[f"minigpt {dtype}"] = prepare_for_decoding(model, int8=is_int8, notes=notes)
+        if compiled:
+            out[f"minigpt {dtype} compiled"] = compiled
     return out
 
 
