@@ -234,8 +234,19 @@ def cache_lengths(block_size: int) -> list[int]:
 
 
 def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
-                   backends: tuple[str, ...], repeats: int = 5) -> dict[str, float]:
-    """Best seconds of each backend attending with `rows` single queries, summed over `cache_lengths`."""
+                   backends: tuple[str, ...], onednn: bool = True, repeats: int = 5) -> dict[str, float]:
+    """Best seconds of each backend attending with `rows` single queries, summed over `cache_lengths`, with
+    oneDNN on or off as the step will have it (the math backend's 16-bit products go through it)."""
+    saved = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = onednn
+    try:
+        return _attention_times(config, dtype, device, rows, backends, repeats)
+    finally:
+        torch.backends.mkldnn.enabled = saved
+
+
+def _attention_times(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
+                     backends: tuple[str, ...], repeats: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     total = dict.fromkeys(backends, 0.0)
     for length in cache_lengths(config.block_size):
@@ -250,15 +261,17 @@ def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device
     return total
 
 
-AttentionMeasure = Callable[[ModelConfig, torch.dtype, torch.device, int, tuple[str, ...]], dict[str, float]]
+AttentionMeasure = Callable[[ModelConfig, torch.dtype, torch.device, int, tuple[str, ...], bool],
+                            dict[str, float]]
 
 
 def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
-                     measure: AttentionMeasure = time_attention) -> tuple[str, str]:
-    """The attention backend for one-query steps of `rows` rows (`config`'s shape, activations in `dtype`),
-    and why. The model's own backend unless the other is clearly faster (`online` is compared as sdpa)."""
+                     onednn: bool = True, measure: AttentionMeasure = time_attention) -> tuple[str, str]:
+    """The attention backend for one-query steps of `rows` rows (`config`'s shape, activations in `dtype`,
+    oneDNN on or off as in the step), and why. The model's own backend unless the other is clearly faster
+    (`online` is compared as sdpa)."""
     own = config.attention if config.attention in ATTENTION_BACKENDS else "sdpa"
-    times = measure(config, dtype, device, rows, ATTENTION_BACKENDS)
+    times = measure(config, dtype, device, rows, ATTENTION_BACKENDS, onednn)
     best = min(times, key=times.get)
     measured = ", ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
     if times[own] / times[best] < MIN_SPEEDUP:
@@ -277,7 +290,8 @@ def choose_kernels(model: GPT, rows: int, int8: bool, compile: bool = False,
         products, why = choose_products(model.lm_head.weight, blocks, rows, compile, measure_products)
         notes.append(f"products {why}")
     table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
-    attention, why = choose_attention(model.config, table.dtype, table.device, rows, measure_attention)
+    attention, why = choose_attention(model.config, table.dtype, table.device, rows, products.onednn,
+                                      measure_attention)
     notes.append(f"attention {why}")
     return replace(products, attention=attention), notes
 

@@ -184,20 +184,20 @@ def test_frozen_combines_only_with_what_a_frozen_step_leaves_alone(head, blocks,
 def test_the_attention_choice_follows_the_measurement(own: str, times: dict, chosen: str) -> None:
     seen = []
 
-    def measure(config, dtype, device, rows, backends):
-        seen.append((config.attention, dtype, rows, backends))
+    def measure(config, dtype, device, rows, backends, onednn):
+        seen.append((config.attention, dtype, rows, backends, onednn))
         return {b: times[b] for b in backends}
 
     config = tiny_config(attention=own, vocab_size=61)
-    backend, why = kernels.choose_attention(config, torch.bfloat16, torch.device("cpu"), 2, measure)
+    backend, why = kernels.choose_attention(config, torch.bfloat16, torch.device("cpu"), 2, False, measure)
     assert backend == chosen and f"{chosen} attention" in why
-    assert seen == [(own, torch.bfloat16, 2, ("sdpa", "math"))]
+    assert seen == [(own, torch.bfloat16, 2, ("sdpa", "math"), False)]
 
 
 def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(monkeypatch, caplog) -> None:
     seen = []
     fake = lambda ms, rows, ways: seen.append((len(ms), rows)) or {w: 1.0 + (w != IO) for w in ways}
-    fake_attention = lambda config, dtype, device, rows, backends: seen.append((dtype, rows)) or {
+    fake_attention = lambda config, dtype, device, rows, backends, onednn: seen.append((dtype, rows)) or {
         "sdpa": 2.0, "math": 1.0}
     monkeypatch.setattr(decoder, "choose_kernels",
                         lambda m, rows, int8, compile: kernels.choose_kernels(m, rows, int8, compile, fake,
@@ -225,6 +225,22 @@ def test_the_measurements_are_real_times() -> None:
                                    repeats=1)
     assert set(times) == {"sdpa", "math"} and all(0 < t < math.inf for t in times.values())
     assert kernels.cache_lengths(16) == [2, 8, 16] and kernels.cache_lengths(4) == [1, 2, 4]
+
+
+@pytest.mark.parametrize("onednn", [True, False])
+def test_the_attention_is_timed_under_the_step_s_onednn_flag(onednn, monkeypatch) -> None:
+    """A step runs with the products' flag, and 16-bit math attention is slow without oneDNN on some CPUs."""
+    flags = []
+    monkeypatch.setattr(kernels, "math_attention", lambda *a: flags.append(torch.backends.mkldnn.enabled))
+    config = tiny_config(vocab_size=61, block_size=16)
+    kernels.time_attention(config, torch.bfloat16, torch.device("cpu"), 1, ("math",), onednn, repeats=1)
+    assert flags and set(flags) == {onednn} and torch.backends.mkldnn.enabled
+    seen = []
+    fake_products = lambda ms, rows, ways: {w: 1.0 if w == OI_OFF else 3.0 for w in ways}
+    fake_attention = lambda config, dtype, device, rows, backends, flag: seen.append(flag) or dict.fromkeys(
+        backends, 1.0)
+    chosen, _ = kernels.choose_kernels(_tiny(torch.bfloat16), 1, False, False, fake_products, fake_attention)
+    assert not chosen.onednn and seen == [False]
 
 
 @pytest.mark.slow
