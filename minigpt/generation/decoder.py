@@ -4,19 +4,30 @@
                                     int8 included), then `prepare_for_decoding`
     prepare_for_decoding(model)     eval mode, the kernels measured on this machine (the products' layout and
                                     the attention, generation/kernels.py), and the decode step, eager or
-                                    compiled (generation/step.py)
+                                    compiled (generation/step.py); a compiled step timed against its
+                                    streamed twin (`choose_streamed`)
 
 What was chosen, and the measurement it was chosen on, is kept in `Decoder.notes` and logged.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from minigpt.checkpoint.load import load_model
-from minigpt.generation.kernels import Kernels, choose_int8_activation_dtype, choose_kernels
+from minigpt.generation.kernels import (
+    MIN_SPEEDUP,
+    Kernels,
+    choose_int8_activation_dtype,
+    choose_kernels,
+    interleaved_best,
+)
 from minigpt.generation.step import DecodeStep
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import quantize_int8
@@ -33,21 +44,76 @@ class Decoder:
     notes: list[str] = field(default_factory=list)
 
 
+def time_steps(steps: dict[str, DecodeStep], rows: int, repeats: int = 10) -> dict[str, float]:
+    """Best seconds of one call of each step (each on its own model), `rows` rows decoding after a prefix of
+    an eighth of the context; the first calls, which compile, are not timed."""
+    calls = {}
+    for name, step in steps.items():
+        model = step.model
+        cache = model.new_kv_cache(rows)
+        prefix = torch.zeros(rows, max(1, model.config.block_size // 8), dtype=torch.long, device=step.device)
+        with torch.no_grad():
+            model(prefix, kv_cache=cache, last_only=True)
+        token = torch.zeros(rows, 1, dtype=torch.long, device=step.device)  # (rows, 1)
+
+        def call(step=step, cache=cache, filled=cache.length, token=token) -> None:
+            cache.rewind(filled)
+            step(token, cache)
+
+        call()  # compiles
+        calls[name] = call
+    return interleaved_best(calls, repeats, next(iter(steps.values())).device)
+
+
+StepMeasure = Callable[[dict[str, DecodeStep], int], dict[str, float]]
+
+
+def _on_cpu(model: GPT) -> bool:
+    return model.transformer.wte.weight.device.type == "cpu"
+
+
+def choose_streamed(step: DecodeStep, twin: GPT, rows: int,
+                    measure: StepMeasure = time_steps) -> tuple[DecodeStep, str]:
+    """`step` (compiled) or the same step with every product streamed (model/streamed.py) on `twin`, an
+    unprepared copy of its model, whichever is MIN_SPEEDUP faster, and why. Timed as whole steps: a streamed
+    product's gain is that Inductor generates it together with the ops around it, which no product timed
+    alone shows."""
+    kernels = replace(step.kernels, layout="streamed", head_layout="streamed", frozen=False)
+    twin.prepare_for_inference("streamed", rows, kernels.attention)
+    steps = {"chosen": step, "streamed": DecodeStep(twin, compile=True, kernels=kernels)}
+    times = measure(steps, rows)
+    measured = f"a step as chosen {times['chosen'] * 1e3:.2f} ms, streamed {times['streamed'] * 1e3:.2f} ms"
+    if times["chosen"] / times["streamed"] < MIN_SPEEDUP:
+        return step, f"step as chosen: {measured} (streamed not {MIN_SPEEDUP}x faster)"
+    return steps["streamed"], f"step streamed: {measured} ({times['chosen'] / times['streamed']:.2f}x)"
+
+
 def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = False, int8: bool = False,
-                         kernels: Kernels | None = None, notes: list[str] | None = None) -> Decoder:
+                         kernels: Kernels | None = None, notes: list[str] | None = None,
+                         measure_steps: StepMeasure = time_steps) -> Decoder:
     """Eval mode, weights laid out and kernels chosen for `batch_size` rows (measured unless `kernels` is
     given), and the decode step (`compile`). `int8`: the model's linears are already int8 (`quantize_int8`),
-    whose kernel has no layout to choose."""
+    whose kernel has no layout to choose.
+
+    A compiled step of a float model is then timed against the same step with every product streamed
+    (model/streamed.py) and the faster kept; if that is the streamed one, the Decoder's model is a prepared
+    copy of `model`."""
     notes = list(notes or [])
-    if kernels is None:
+    measured = kernels is None
+    if measured:
         kernels, why = choose_kernels(model, batch_size, int8, compile)
         notes.extend(why)
+    # the streamed twin, copied before any layout makes the model uncopyable (packed matrices are opaque)
+    twin = copy.deepcopy(model) if measured and compile and not int8 and _on_cpu(model) else None
     model.prepare_for_inference(kernels.layout, batch_size, kernels.attention, kernels.head_layout)
     step = DecodeStep(model, compile=compile, kernels=kernels)
+    if twin is not None and step.compiled:
+        step, why = choose_streamed(step, twin, batch_size, measure_steps)
+        notes.append(why)
     notes.append(f"decode step {'compiled' if step.compiled else 'eager'}")
     for note in notes:
         log.debug("%s", note)
-    return Decoder(model, step, notes)
+    return Decoder(step.model, step, notes)
 
 
 def quantize_for_decoding(model: GPT, batch_size: int = 1) -> tuple[GPT, str]:

@@ -11,7 +11,8 @@ candidates are timed, and the fastest is used when it beats PyTorch's default by
                own; `in_out`, the same matrix transposed in memory; `packed`, oneDNN's blocked layout for the
                batch's rows (model/packed.py), whose calls cost more but stream faster. Chosen apart for the
                head and for the blocks' matrices, each timed on the matrices themselves, read one after the
-               other as a step reads them.
+               other as a step reads them. (A fourth layout, `streamed`, is for compiled steps and is timed
+               on whole steps: generation/decoder.py.)
     oneDNN     on (PyTorch's default) or off around the step: with it on, CPU bfloat16 products of plain
                matrices go to oneDNN, otherwise to PyTorch's own kernels, and the two differ most for one row
     attention  the backend of a one-query step (`decode_backend` in model/attention.py): `sdpa`, torch's
@@ -68,7 +69,7 @@ FROZEN_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_ba
 class Kernels:
     """How a decode step computes. The default is PyTorch's own behaviour and the model's own attention."""
 
-    layout: str = "out_in"  # the blocks' matrices: out_in | in_out | packed (GPT.prepare_for_inference)
+    layout: str = "out_in"  # the blocks' matrices: one of GPT's LAYOUTS (GPT.prepare_for_inference)
     head_layout: str = "out_in"  # the head's, chosen apart: a large vocabulary makes it the largest by far
     onednn: bool = True  # torch.backends.mkldnn.enabled during the step
     attention: str | None = None  # the one-query step's attention backend; None: the model's own
@@ -76,19 +77,20 @@ class Kernels:
 
     @property
     def name(self) -> str:
-        layout = lambda name: "frozen" if self.frozen and name != "packed" else name
+        layout = lambda name: "frozen" if self.frozen and name not in FLAGLESS else name
         onednn = "" if self.onednn else ", without oneDNN"
         attention = f", {self.attention} attention" if self.attention else ""
         return f"head {layout(self.head_layout)}, blocks {layout(self.layout)}{onednn}{attention}"
 
 
 DEFAULT = Kernels()
+FLAGLESS = ("packed", "streamed")  # layouts whose kernel is the same under either oneDNN flag
 # A way to compute products: a layout and the oneDNN flag (a packed matrix is oneDNN's under either flag)
 Products = tuple[str, bool]
 DEFAULT_PRODUCTS: Products = ("out_in", True)
 
 
-def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
+def interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
     """Best seconds of each zero-argument call, timed in rounds (A B C, A B C, ...) after a warm-up round."""
     best = dict.fromkeys(calls, float("inf"))
     for round_ in range(repeats + 1):
@@ -107,8 +109,8 @@ def _interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
 
 def product_candidates(weight: torch.Tensor, compile: bool = False) -> list[Products]:
     """The ways worth timing for matrices of `weight`'s dtype and device: none but the default off a CPU;
-    oneDNN on or off only matters for plain 16-bit matrices (float32 ones go to BLAS either way); frozen only
-    for a step that will be compiled."""
+    oneDNN on or off only matters for plain 16-bit matrices (float32 ones go to BLAS either way); frozen
+    only for a step that will be compiled (streamed is judged on whole steps: generation/decoder.py)."""
     if weight.device.type != "cpu":
         return [DEFAULT_PRODUCTS]
     flags = (True, False) if weight.dtype != torch.float32 else (True,)
@@ -116,6 +118,21 @@ def product_candidates(weight: torch.Tensor, compile: bool = False) -> list[Prod
     packed = [("packed", True)] if can_pack(weight) else []
     frozen = [("frozen", True)] if compile and compile_problem(weight.device) is None else []
     return plain + packed + frozen
+
+
+def compile_options(device: torch.device) -> dict:
+    """torch.compile's options for a function of its own that runs fixed modules (a decode step, a set of
+    products timed as one): the checks of the modules' attributes skipped where this torch can skip them
+    (generation/step.py says why that is safe), and on a CPU the kernels called from generated C++."""
+    # The graph's own check of every input's size and stride (a hundred per step, the weights included)
+    # guards against a caller handing it other tensors, which no caller of such a copy can.
+    options: dict = {"size_asserts": False}
+    skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
+    if skip:
+        options["guard_filter_fn"] = skip
+    if device.type == "cpu":
+        options["cpp_wrapper"] = True  # the generated kernels called from C++, not one by one from Python
+    return options
 
 
 def frozen_inductor() -> AbstractContextManager:
@@ -128,18 +145,20 @@ def frozen_inductor() -> AbstractContextManager:
     return config.patch(FROZEN_INDUCTOR)
 
 
-def _frozen_products(layers: nn.ModuleList, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+def _products(layers: nn.ModuleList, xs: list[torch.Tensor]) -> list[torch.Tensor]:
     return [layer(x) for layer, x in zip(layers, xs, strict=True)]  # (rows, out) each
 
 
-def frozen_products(layers: list[nn.Module], frozen: bool = True) -> Callable[[list[torch.Tensor]],
-                                                                               list[torch.Tensor]]:
+def compiled_products(layers: list[nn.Module], frozen: bool) -> Callable[[list[torch.Tensor]],
+                                                                         list[torch.Tensor]]:
     """`layers` (linear layers of any kind) applied each to its own input, compiled as a CPU step compiles
     them, frozen (FROZEN_INDUCTOR: Inductor chooses and times the kernels at the first call) or not: xs ->
     [layer(x)]. The function is a copy of its own, so no other set of layers shares its graphs."""
     modules = nn.ModuleList(layers)
-    own = types.FunctionType(_frozen_products.__code__.replace(), _frozen_products.__globals__)
-    compiled = torch.compile(own, dynamic=True, options={"cpp_wrapper": True})
+    own = types.FunctionType(_products.__code__.replace(), _products.__globals__)
+    # Static shapes: a step's matrices are, and so is its input's width (what a dynamic `in` would not be)
+    device = [*modules.parameters(), *modules.buffers()][0].device
+    compiled = torch.compile(own, dynamic=False, options=compile_options(device))
     settings = frozen_inductor() if frozen else contextlib.nullcontext()
 
     def call(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -164,15 +183,16 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
               "in_out": [w.detach().t().contiguous().t() for w in matrices]}  # (out, in) both; strides differ
     if any(layout == "packed" for layout, _ in ways):
         stored["packed"] = [pack(w, rows) for w in matrices]
-    frozen = frozen_products([_linear(w) for w in matrices]) if ("frozen", True) in ways else None
+    compiled = {"frozen": compiled_products([_linear(w) for w in matrices], frozen=True)} \
+        if ("frozen", True) in ways else {}
 
     def products(layout: str, onednn: bool) -> Callable[[], None]:
         def call() -> None:
             saved = torch.backends.mkldnn.enabled
             torch.backends.mkldnn.enabled = onednn
             try:
-                if layout == "frozen":
-                    frozen(xs)
+                if layout in compiled:
+                    compiled[layout](xs)
                     return
                 for x, w, m in zip(xs, matrices, stored[layout], strict=True):
                     if layout == "packed":
@@ -183,7 +203,7 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
                 torch.backends.mkldnn.enabled = saved
         return call
 
-    return _interleaved_best({way: products(*way) for way in ways}, repeats, matrices[0].device)
+    return interleaved_best({way: products(*way) for way in ways}, repeats, matrices[0].device)
 
 
 ProductMeasure = Callable[[list[torch.Tensor], int, list[Products]], dict[Products, float]]
@@ -191,12 +211,12 @@ ProductMeasure = Callable[[list[torch.Tensor], int, list[Products]], dict[Produc
 
 def _combination(head: Products, blocks: Products, flag: bool) -> Kernels | None:
     """The kernels that compute the head `head`'s way and the blocks `blocks`' way under oneDNN `flag`, or
-    None where no step can: a frozen step freezes every plain matrix (only a packed one stays as it is), and
-    a frozen matrix was timed with oneDNN on."""
+    None where no step can: a frozen step freezes every plain matrix (a packed or streamed one keeps its own
+    kernel), and a frozen matrix was timed with oneDNN on."""
     layouts = {head[0], blocks[0]}
-    if "frozen" in layouts and (not flag or layouts - {"frozen", "packed"}):
+    if "frozen" in layouts and (not flag or layouts - {"frozen", *FLAGLESS}):
         return None
-    if any(way[1] != flag and way[0] not in ("packed", "frozen") for way in (head, blocks)):
+    if any(way[1] != flag and way[0] not in ("frozen", *FLAGLESS) for way in (head, blocks)):
         return None
     plain = lambda layout: "out_in" if layout == "frozen" else layout
     return Kernels(plain(blocks[0]), plain(head[0]), flag, frozen="frozen" in layouts)
@@ -264,7 +284,7 @@ def _attention_times(config: ModelConfig, dtype: torch.dtype, device: torch.devi
         q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
         calls = {"sdpa": lambda q=q, k=k, v=v: sdpa_attention(q, k, v, None, False, 0.0),
                  "math": lambda q=q, k=k, v=v: math_attention(q, k, v, None, False)}
-        for backend, seconds in _interleaved_best({b: calls[b] for b in backends}, repeats, device).items():
+        for backend, seconds in interleaved_best({b: calls[b] for b in backends}, repeats, device).items():
             total[backend] += seconds
     return total
 
@@ -324,7 +344,7 @@ def time_int8_activations(weight: torch.Tensor, rows: int, dtypes: list[torch.dt
         s = scale.to(device=q.device, dtype=dtype)
         return lambda: torch.ops.aten._weight_int8pack_mm(x, q, s)  # (rows, out)
 
-    return _interleaved_best({d: product(d) for d in dtypes}, repeats, q.device)
+    return interleaved_best({d: product(d) for d in dtypes}, repeats, q.device)
 
 
 Int8Measure = Callable[[torch.Tensor, int, list[torch.dtype]], dict[torch.dtype, float]]
@@ -354,8 +374,8 @@ def time_int8_products(layers: list[Int8Linear], rows: int, frozen: tuple[bool, 
     step compiles them, with the weights frozen into the graph (True) or not (False)."""
     xs = [torch.ones(rows, layer.in_features, dtype=layer.scale.dtype, device=layer.q.device)  # (rows, in)
           for layer in layers]
-    calls = {flag: functools.partial(frozen_products(layers, flag), xs) for flag in frozen}
-    return _interleaved_best(calls, repeats, xs[0].device)
+    calls = {flag: functools.partial(compiled_products(layers, flag), xs) for flag in frozen}
+    return interleaved_best(calls, repeats, xs[0].device)
 
 
 Int8ProductMeasure = Callable[[list[Int8Linear], int, tuple[bool, ...]], dict[bool, float]]

@@ -24,6 +24,11 @@ The cache is written in place under compilation too (model/kv_cache.py says why 
 of their own); tests/generation/test_step.py checks the compiled step's tokens and logits against the
 eager one's and counts the bytes its kernels touch.
 
+Where the kernels chosen for the step say `frozen` (generation/kernels.py), the step compiles under Inductor's
+frozen settings: the weights become constants of the graph and Inductor times its own kernels for each
+product. The compiled code then holds its own copies of the weights, which is why the step's model must not
+change once it is prepared.
+
 Compiling needs a C++ compiler on a CPU (Triton on CUDA); without one the step stays eager, and one log
 line says why. The first call compiles (tens of seconds on a small CPU; Inductor's disk cache makes
 later runs quicker), so compiling pays for long generations, not for a short sample.
@@ -38,7 +43,7 @@ from collections.abc import Callable
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.kernels import DEFAULT, Kernels, frozen_inductor
+from minigpt.generation.kernels import DEFAULT, Kernels, compile_options, frozen_inductor
 from minigpt.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -52,15 +57,7 @@ def _compiled_logits(device: torch.device) -> Callable:
     """`_logits` compiled with dynamic shapes, its graphs its own and the checks of the modules' attributes
     skipped where this torch can skip them (see the module docstring)."""
     own = types.FunctionType(_logits.__code__.replace(), _logits.__globals__, _logits.__name__)
-    # The graph's own check of every input's size and stride (a hundred per step, the weights included)
-    # guards against a caller handing it other tensors, which no caller of this copy can.
-    options: dict = {"size_asserts": False}
-    skip = getattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe", None)
-    if skip:
-        options["guard_filter_fn"] = skip
-    if device.type == "cpu":
-        options["cpp_wrapper"] = True  # the generated kernels called from C++, not one by one from Python
-    return torch.compile(own, dynamic=True, options=options)
+    return torch.compile(own, dynamic=True, options=compile_options(device))
 
 
 class DecodeStep:

@@ -33,8 +33,9 @@ from minigpt.model.norm import build_norm
 from minigpt.model.packed import PackedLinear
 from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
 from minigpt.model.rope import RotaryEmbedding
+from minigpt.model.streamed import StreamedLinear
 
-LAYOUTS = ("out_in", "in_out", "packed")  # how prepare_for_inference stores the linear layers' matrices
+LAYOUTS = ("out_in", "in_out", "packed", "streamed")  # how prepare_for_inference stores the linears' matrices
 INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
 
 
@@ -215,6 +216,9 @@ class GPT(nn.Module):
                      nn.Linear runs; training afterwards still computes the right gradients, slowly
             packed   oneDNN's blocked layout for `rows` rows (model/packed.py): the nn.Linear becomes a
                      PackedLinear, for inference only, and there is no way back
+            streamed nn.Linear's own layout, the product written as a multiply-and-sum that a compiled step
+                     generates as one loop over the matrix (model/streamed.py): the nn.Linear becomes a
+                     StreamedLinear with the same parameters, and there is no way back
         Values and shapes are unchanged (names too, but for packed's buffers); the arithmetic is the same up
         to the order of the sums. The tied embedding table shares the head's matrix in the plain layouts (a
         lookup reads one row per token, whatever the strides); packed, the head gets a copy. Int8 layers
@@ -286,9 +290,12 @@ class GPT(nn.Module):
 
 
 def _laid_out(linear: nn.Linear, layout: str, rows: int) -> nn.Module:
-    """`linear` with its matrix in `layout` (see GPT.prepare_for_inference): itself, or a PackedLinear."""
+    """`linear` with its matrix in `layout` (see GPT.prepare_for_inference): itself, a PackedLinear or a
+    StreamedLinear."""
     if layout == "packed":
         return PackedLinear.from_linear(linear, rows)
+    if layout == "streamed":
+        return StreamedLinear.from_linear(linear)
     w = linear.weight.data
     if layout == "in_out" and w.is_contiguous():
         linear.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)

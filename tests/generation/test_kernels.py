@@ -18,6 +18,7 @@ from minigpt.model import attention as attention_module
 from minigpt.model.factory import build_model
 from minigpt.model.int8 import Int8Linear, quantize_int8
 from minigpt.model.packed import PackedLinear
+from minigpt.model.streamed import StreamedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -214,6 +215,30 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
     assert "in_out" in caplog.text and "math attention" in caplog.text and "decode step eager" in caplog.text
 
 
+@pytest.mark.parametrize(("chosen_s", "streamed_s", "streamed"), [(2.0, 1.0, True), (1.1, 1.0, False)])
+def test_a_compiled_step_is_streamed_where_whole_steps_say(chosen_s, streamed_s, streamed, monkeypatch):
+    """Timed on whole steps; eager steps and steps given their kernels are not timed at all."""
+    chosen = lambda m, rows, int8, compile: (Kernels("packed", "packed"), ["products packed"])
+    monkeypatch.setattr(decoder, "choose_kernels", chosen)
+    seen = []
+
+    def measure(steps, rows):
+        seen.append({name: (step.kernels, type(step.model.lm_head).__name__) for name, step in steps.items()})
+        return {"chosen": chosen_s, "streamed": streamed_s}
+
+    model = _tiny()
+    prepared = decoder.prepare_for_decoding(model, batch_size=2, compile=True, measure_steps=measure)
+    assert seen == [{"chosen": (Kernels("packed", "packed"), "PackedLinear"),
+                     "streamed": (Kernels("streamed", "streamed"), "StreamedLinear")}]
+    assert (prepared.step.kernels.layout == "streamed") == streamed
+    assert (prepared.model is model) != streamed and prepared.step.model is prepared.model
+    assert isinstance(prepared.model.lm_head, StreamedLinear if streamed else PackedLinear)
+    assert any(("step streamed" if streamed else "step as chosen") in note for note in prepared.notes)
+    decoder.prepare_for_decoding(_tiny(), compile=False, measure_steps=measure)
+    decoder.prepare_for_decoding(_tiny(), compile=True, kernels=DEFAULT, measure_steps=measure)
+    assert len(seen) == 1
+
+
 def test_the_measurements_are_real_times() -> None:
     w = torch.randn(256, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     ways = kernels.product_candidates(w)
@@ -262,14 +287,14 @@ def test_an_int8_step_is_frozen_where_the_measurement_says(plain_s, frozen_s, fr
 
 
 @pytest.mark.slow
-def test_frozen_products_are_the_products_and_are_timed() -> None:
+def test_compiled_products_are_the_products_and_are_timed() -> None:
     gen = torch.Generator().manual_seed(0)
     matrices = [torch.randn(96, 32, generator=gen), torch.randn(32, 96, generator=gen)]
     xs = [torch.randn(2, 32, generator=gen), torch.randn(2, 96, generator=gen)]
     linears = [torch.nn.Linear(w.shape[1], w.shape[0], bias=False) for w in matrices]
     for linear, w in zip(linears, matrices, strict=True):
         linear.weight.data.copy_(w)
-    for got, x, w in zip(kernels.frozen_products(linears)(xs), xs, matrices, strict=True):
+    for got, x, w in zip(kernels.compiled_products(linears, frozen=True)(xs), xs, matrices, strict=True):
         torch.testing.assert_close(got, x @ w.T, atol=1e-5, rtol=1e-5)
     times = kernels.time_products(matrices, 2, [OI, FZ], repeats=1)
     assert set(times) == {OI, FZ} and all(0 < t < math.inf for t in times.values())

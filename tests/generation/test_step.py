@@ -13,6 +13,7 @@ import torch
 import torch._inductor.metrics as inductor_metrics
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 
+from minigpt.generation.decoder import time_steps
 from minigpt.generation.kernels import Kernels
 from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.generation.step import DecodeStep
@@ -84,6 +85,26 @@ def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weig
     greedy = generate(second, [[1, 2, 3]], max_new_tokens=12, params=SamplingParams(0.0),
                       generator=torch.Generator())
     assert got == greedy.tokens[0]
+
+
+@pytest.mark.slow
+def test_a_streamed_step_decodes_what_the_eager_one_does() -> None:
+    """The products as loops Inductor generates (model/streamed.py), batched and verifying drafted tokens."""
+    model = _model()
+    step = DecodeStep(model.prepare_for_inference("streamed"), compile=True, kernels=Kernels("streamed",
+                                                                                             "streamed"))
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    eager, fast = _run(model, None, prompts, 20), _run(model, step, prompts, 20)
+    assert fast.tokens == eager.tokens
+    for a, b in zip(fast.logits, eager.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    got = [s.emitted[0] for s in speculative_stream_tokens(
+        model, _model(n_layer=1), [1, 2, 3], max_new_tokens=12, params=SamplingParams(0.0),
+        generator=torch.Generator(), num_draft_tokens=3, step=step)]  # fmt: skip
+    greedy = generate(model, [[1, 2, 3]], max_new_tokens=12, params=SamplingParams(0.0),
+                      generator=torch.Generator())
+    assert got == greedy.tokens[0]
+    assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1).values())
 
 
 @pytest.mark.slow
