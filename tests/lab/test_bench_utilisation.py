@@ -43,6 +43,8 @@ def test_decode_bytes_are_every_matrix_once_plus_the_cache(tie: bool) -> None:
     expected = (L * per_block + 2 * C + head) * 4  # + ln_f; float32
     assert weight_bytes(model) == expected
     assert weight_bytes(model.to(torch.bfloat16)) == expected // 2
+    # a prepared model's matrices are the same bytes, whatever module computes them
+    assert weight_bytes(model.prepare_for_inference("streamed")) == expected // 2
     assert kv_bytes_per_token(model) == 2 * L * C * 2  # K and V, every layer, bf16 now
     assert mbu(120e6, 0.01, 24e9) == pytest.approx(0.5)  # 120 MB per token at 100 tokens/s of 24 GB/s
     assert mbu(120e6, 0.01, None) is None

@@ -42,6 +42,7 @@ from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import Int8Linear
 from minigpt.model.packed import PackedLinear
+from minigpt.model.streamed import StreamedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.next_token import greedy
 from minigpt.sampling.params import SamplingParams
@@ -79,7 +80,7 @@ def weight_bytes(model: GPT) -> int:
     tables = {id(model.transformer.wte.weight)}
     if "wpe" in model.transformer:
         tables.add(id(model.transformer.wpe.weight))
-    if isinstance(model.lm_head, torch.nn.Linear):
+    if isinstance(model.lm_head, torch.nn.Linear | StreamedLinear):
         tables.discard(id(model.lm_head.weight))  # tied: the head reads the table whole
     stored = [b for m in model.modules() if isinstance(m, Int8Linear | PackedLinear)
               for b in m.buffers(recurse=False)]
