@@ -56,7 +56,8 @@ def load_for_generation(cfg: GenerateConfig) -> Loaded:
             raise UserError(f"draft={cfg.draft!r} was trained with another tokenizer than the checkpoint; "
                             "speculative decoding needs one tokenizer (its drafts are token ids)")
     # a compiled step's kernels are chosen by compiling and timing candidates: part of compiling it
-    choosing = time.perf_counter() - start if cfg.compile else 0.0
+    compiled = decoder.step.compiled or (draft is not None and draft.step.compiled)
+    choosing = time.perf_counter() - start if compiled else 0.0
     return Loaded(decoder, tokenizer, meta, draft, choosing + compile_now(cfg, decoder, draft))
 
 
