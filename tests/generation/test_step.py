@@ -43,24 +43,30 @@ def _run(model, step, prompts, n, seed=0):
                     generator=torch.Generator().manual_seed(seed), keep_logits=True, step=step)
 
 
+def _decodes_as_eager(model, step: DecodeStep, new_tokens: int, verified_tokens: int):
+    """`step` gives the eager step's tokens and logits for a batch of two, and, verifying three drafted tokens
+    at a time (several queries under a mask), the model's greedy tokens. Returns the batch's generation."""
+    prompts = [[1, 2, 3], [4, 5, 6]]
+    eager, fast = _run(model, None, prompts, new_tokens), _run(model, step, prompts, new_tokens)
+    assert fast.tokens == eager.tokens
+    for a, b in zip(fast.logits, eager.logits, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    got = [s.emitted[0] for s in speculative_stream_tokens(
+        model, _model(n_layer=1), [1, 2, 3], max_new_tokens=verified_tokens, params=SamplingParams(0.0),
+        generator=torch.Generator(), num_draft_tokens=3, step=step)]  # fmt: skip
+    greedy = generate(model, [[1, 2, 3]], max_new_tokens=verified_tokens, params=SamplingParams(0.0),
+                      generator=torch.Generator())
+    assert got == greedy.tokens[0]
+    return fast
+
+
 @pytest.mark.slow
 def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
     model = _model()
     compiled = DecodeStep(model, compile=True)
     assert compiled.compiled
-    # a batch, and 40 tokens past the 16-token context (rebuilds)
-    prompts = [[1, 2, 3], [4, 5, 6]]
-    eager, fast = _run(model, None, prompts, 40), _run(model, compiled, prompts, 40)
-    assert fast.tokens == eager.tokens and fast.stats.reprefills > 0
-    for a, b in zip(fast.logits, eager.logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
-    # speculative verification feeds several tokens at once, under a mask: the compiled step serves that too
-    got = [s.emitted[0] for s in speculative_stream_tokens(
-        model, _model(n_layer=1), [1, 2, 3], max_new_tokens=30, params=SamplingParams(0.0),
-        generator=torch.Generator(), num_draft_tokens=3, step=compiled)]  # fmt: skip
-    greedy = generate(model, [[1, 2, 3]], max_new_tokens=30, params=SamplingParams(0.0),
-                      generator=torch.Generator())
-    assert got == greedy.tokens[0]
+    # 40 tokens past the 16-token context: the cache is rebuilt on the way
+    assert _decodes_as_eager(model, compiled, 40, 30).stats.reprefills > 0
 
 
 @pytest.mark.slow
@@ -72,19 +78,8 @@ def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weig
     with torch.no_grad():
         for p in second.parameters():
             p.mul_(-1.0)
-    prompts = [[1, 2, 3], [4, 5, 6]]
     for model in (first, second):
-        step = DecodeStep(model, compile=True, kernels=Kernels(frozen=True))
-        eager, fast = _run(model, None, prompts, 20), _run(model, step, prompts, 20)
-        assert fast.tokens == eager.tokens
-        for a, b in zip(fast.logits, eager.logits, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
-    got = [s.emitted[0] for s in speculative_stream_tokens(
-        second, _model(n_layer=1), [1, 2, 3], max_new_tokens=12, params=SamplingParams(0.0),
-        generator=torch.Generator(), num_draft_tokens=3, step=step)]  # fmt: skip
-    greedy = generate(second, [[1, 2, 3]], max_new_tokens=12, params=SamplingParams(0.0),
-                      generator=torch.Generator())
-    assert got == greedy.tokens[0]
+        _decodes_as_eager(model, DecodeStep(model, compile=True, kernels=Kernels(frozen=True)), 20, 12)
 
 
 @pytest.mark.slow
@@ -93,17 +88,7 @@ def test_a_streamed_step_decodes_what_the_eager_one_does() -> None:
     model = _model()
     step = DecodeStep(model.prepare_for_inference("streamed"), compile=True, kernels=Kernels("streamed",
                                                                                              "streamed"))
-    prompts = [[1, 2, 3], [4, 5, 6]]
-    eager, fast = _run(model, None, prompts, 20), _run(model, step, prompts, 20)
-    assert fast.tokens == eager.tokens
-    for a, b in zip(fast.logits, eager.logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
-    got = [s.emitted[0] for s in speculative_stream_tokens(
-        model, _model(n_layer=1), [1, 2, 3], max_new_tokens=12, params=SamplingParams(0.0),
-        generator=torch.Generator(), num_draft_tokens=3, step=step)]  # fmt: skip
-    greedy = generate(model, [[1, 2, 3]], max_new_tokens=12, params=SamplingParams(0.0),
-                      generator=torch.Generator())
-    assert got == greedy.tokens[0]
+    _decodes_as_eager(model, step, 20, 12)
     assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1).values())
 
 
