@@ -44,24 +44,32 @@ class Decoder:
     notes: list[str] = field(default_factory=list)
 
 
+def step_after(step: DecodeStep, prefix: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A call decoding one token per row after `prefix` (rows, P) with `step` (on its own model): the cache is
+    prefilled once, then each call rewinds it to P slots and decodes, so every call sees exactly P cached
+    tokens. Each call returns the step's logits (rows, 1, V)."""
+    model = step.model
+    cache = model.new_kv_cache(prefix.shape[0])
+    with torch.no_grad():
+        logits, _ = model(prefix, kv_cache=cache, last_only=True)
+    token = logits[:, -1].argmax(-1, keepdim=True)  # (rows, 1): any token will do; this one is likely
+    filled = cache.length
+
+    def call() -> torch.Tensor:
+        cache.rewind(filled)
+        return step(token, cache)
+
+    return call
+
+
 def time_steps(steps: dict[str, DecodeStep], rows: int, repeats: int = 10) -> dict[str, float]:
     """Best seconds of one call of each step (each on its own model), `rows` rows decoding after a prefix of
     an eighth of the context; the first calls, which compile, are not timed."""
     calls = {}
     for name, step in steps.items():
-        model = step.model
-        cache = model.new_kv_cache(rows)
-        prefix = torch.zeros(rows, max(1, model.config.block_size // 8), dtype=torch.long, device=step.device)
-        with torch.no_grad():
-            model(prefix, kv_cache=cache, last_only=True)
-        token = torch.zeros(rows, 1, dtype=torch.long, device=step.device)  # (rows, 1)
-
-        def call(step=step, cache=cache, filled=cache.length, token=token) -> None:
-            cache.rewind(filled)
-            step(token, cache)
-
-        call()  # compiles
-        calls[name] = call
+        length = max(1, step.model.config.block_size // 8)
+        calls[name] = step_after(step, torch.zeros(rows, length, dtype=torch.long, device=step.device))
+        calls[name]()  # compiles
     return interleaved_best(calls, repeats, next(iter(steps.values())).device)
 
 

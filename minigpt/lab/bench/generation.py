@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from minigpt.data.config import BPE_VOCAB_SIZE
-from minigpt.generation.decoder import Decoder, prepare_for_decoding, quantize_for_decoding
+from minigpt.generation.decoder import Decoder, prepare_for_decoding, quantize_for_decoding, step_after
 from minigpt.lab.bench import llama_cpp
 from minigpt.lab.bench.reference import gpt2_like_config, reference_model
 from minigpt.lab.bench.timing import Timing, interleave, peak_memory_bytes, time_call
@@ -228,20 +228,10 @@ def _targets(rows: dict) -> list[dict]:
 
 
 def step_timer(decoder: Decoder, prefix: torch.Tensor) -> Callable[[], None]:
-    """A callable decoding one token after `prefix` (1, P): the cache is prefilled once, then each call
-    rewinds it to P slots and decodes, so every timed call sees exactly P cached tokens."""
-    model = decoder.model
-    cache = model.new_kv_cache(1)
-    with torch.no_grad():
-        logits, _ = model(prefix, kv_cache=cache, last_only=True)
-    token = greedy(logits[:, -1]).unsqueeze(1)  # (1, 1)
-    filled = cache.length
-
-    def step() -> None:
-        cache.rewind(filled)
-        greedy(decoder.step(token, cache)[:, -1])
-
-    return step
+    """A callable decoding one token after `prefix` (1, P) and picking it greedily, every call with exactly P
+    cached tokens (`step_after`)."""
+    step = step_after(decoder.step, prefix)
+    return lambda: greedy(step()[:, -1])
 
 
 def _reference_step_fn(ref: torch.nn.Module, prefix: torch.Tensor) -> Callable[[], None]:
