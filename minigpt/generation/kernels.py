@@ -77,17 +77,30 @@ class Kernels:
 
     @property
     def name(self) -> str:
-        layout = lambda name: "frozen" if self.frozen and name not in FLAGLESS else name
+        layout = lambda name: "frozen" if self.frozen and name != "packed" else name
         onednn = "" if self.onednn else ", without oneDNN"
         attention = f", {self.attention} attention" if self.attention else ""
         return f"head {layout(self.head_layout)}, blocks {layout(self.layout)}{onednn}{attention}"
 
 
 DEFAULT = Kernels()
-FLAGLESS = ("packed", "streamed")  # layouts whose kernel is the same under either oneDNN flag
 # A way to compute products: a layout and the oneDNN flag (a packed matrix is oneDNN's under either flag)
 Products = tuple[str, bool]
 DEFAULT_PRODUCTS: Products = ("out_in", True)
+
+
+class OneDNN:
+    """A block with `torch.backends.mkldnn.enabled` set to `enabled`, and the flag as it was after it."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __enter__(self) -> None:
+        self.saved = torch.backends.mkldnn.enabled
+        torch.backends.mkldnn.enabled = self.enabled
+
+    def __exit__(self, *exc) -> None:
+        torch.backends.mkldnn.enabled = self.saved
 
 
 def interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
@@ -188,9 +201,7 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
 
     def products(layout: str, onednn: bool) -> Callable[[], None]:
         def call() -> None:
-            saved = torch.backends.mkldnn.enabled
-            torch.backends.mkldnn.enabled = onednn
-            try:
+            with OneDNN(onednn):
                 if layout in compiled:
                     compiled[layout](xs)
                     return
@@ -199,8 +210,6 @@ def time_products(matrices: list[torch.Tensor], rows: int, ways: list[Products],
                         packed_linear(x, m, None, w.shape[0])  # (rows, out)
                     else:
                         F.linear(x, m)  # (rows, out)
-            finally:
-                torch.backends.mkldnn.enabled = saved
         return call
 
     return interleaved_best({way: products(*way) for way in ways}, repeats, matrices[0].device)
@@ -211,12 +220,12 @@ ProductMeasure = Callable[[list[torch.Tensor], int, list[Products]], dict[Produc
 
 def _combination(head: Products, blocks: Products, flag: bool) -> Kernels | None:
     """The kernels that compute the head `head`'s way and the blocks `blocks`' way under oneDNN `flag`, or
-    None where no step can: a frozen step freezes every plain matrix (a packed or streamed one keeps its own
-    kernel), and a frozen matrix was timed with oneDNN on."""
+    None where no step can: a frozen step freezes every plain matrix (a packed one keeps its own kernel), and
+    a frozen matrix was timed with oneDNN on."""
     layouts = {head[0], blocks[0]}
-    if "frozen" in layouts and (not flag or layouts - {"frozen", *FLAGLESS}):
+    if "frozen" in layouts and (not flag or layouts - {"frozen", "packed"}):
         return None
-    if any(way[1] != flag and way[0] not in ("frozen", *FLAGLESS) for way in (head, blocks)):
+    if any(way[1] != flag and way[0] not in ("frozen", "packed") for way in (head, blocks)):
         return None
     plain = lambda layout: "out_in" if layout == "frozen" else layout
     return Kernels(plain(blocks[0]), plain(head[0]), flag, frozen="frozen" in layouts)
@@ -265,12 +274,8 @@ def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device
                    backends: tuple[str, ...], onednn: bool = True, repeats: int = 5) -> dict[str, float]:
     """Best seconds of each backend attending with `rows` single queries, summed over `cache_lengths`, with
     oneDNN on or off as the step will have it (the math backend's 16-bit products go through it)."""
-    saved = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = onednn
-    try:
+    with OneDNN(onednn):
         return _attention_times(config, dtype, device, rows, backends, repeats)
-    finally:
-        torch.backends.mkldnn.enabled = saved
 
 
 def _attention_times(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,

@@ -43,7 +43,7 @@ from collections.abc import Callable
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.kernels import DEFAULT, Kernels, compile_options, frozen_inductor
+from minigpt.generation.kernels import DEFAULT, Kernels, OneDNN, compile_options, frozen_inductor
 from minigpt.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -75,16 +75,13 @@ class DecodeStep:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
         self._forward = _compiled_logits(device) if self.compiled else _logits
+        self._onednn = OneDNN(kernels.onednn)
         self._frozen = frozen_inductor() if self.compiled and kernels.frozen else None
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        saved = torch.backends.mkldnn.enabled
-        torch.backends.mkldnn.enabled = self.kernels.onednn
-        try:
+        with self._onednn:
             if self._frozen is not None:  # any call may compile (a new query length)
                 with self._frozen:
                     return self._forward(self.model, tokens, cache)
             return self._forward(self.model, tokens, cache)
-        finally:
-            torch.backends.mkldnn.enabled = saved
