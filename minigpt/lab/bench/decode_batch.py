@@ -3,7 +3,9 @@
 A decode step reads every weight once whatever the batch, so while reading weights dominates, a batch of B
 decodes nearly B times the tokens in the same time; throughput stops growing where the step's arithmetic
 (or its KV-cache reads) takes over. Each weights dtype is prepared as `generate num_samples=B` prepares it
-(kernels measured for B rows, `generation/kernels.py`), and compiled when the bench compiles. The shape is
+(kernels measured for B rows, `generation/kernels.py`), and compiled when the bench compiles, except for
+the whole-step streamed choice (`generation/decoder.py`): the setups are decided first so that one compiled
+step serves every batch size that chose the same kernels. The shape is
 the generation section's (W2); every row decodes `new_tokens` greedily after its own random prompt.
 
 "saturates at" is the smallest batch whose tokens/s is within 10% of the sweep's best: past it, batching
