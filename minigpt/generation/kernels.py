@@ -16,8 +16,10 @@ candidates are timed, and the fastest is used when it beats PyTorch's default by
     oneDNN     on (PyTorch's default) or off around the step: with it on, CPU bfloat16 products of plain
                matrices go to oneDNN, otherwise to PyTorch's own kernels, and the two differ most for one row
     attention  the backend of a one-query step (`decode_backend` in model/attention.py): `sdpa`, torch's
-               fused kernel, or `math`, the scores, the softmax and the weighted sum as three ops. Timed at
-               cache lengths across the context, in the model's dtype.
+               fused kernel, or `math`, the scores, the softmax and the weighted sum as three ops; for a
+               compiled step also `streamed`, the same written as reductions Inductor generates as one pass
+               over the cache. Timed at cache lengths across the context, in the model's dtype, one layer
+               after the other as a step attends, and compiled as the step compiles them where it will be.
 
     frozen     for a compiled step only (generation/step.py): the matrices stay plain and are frozen into the
                compiled graph as constants, and Inductor chooses each product's kernel itself, timing its own
@@ -49,7 +51,7 @@ from torch import nn
 
 from minigpt.device.probe import synchronize
 from minigpt.device.runtime import compile_problem
-from minigpt.model.attention import math_attention, sdpa_attention
+from minigpt.model.attention import math_attention, sdpa_attention, streamed_attention
 from minigpt.model.config import ModelConfig
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import Int8Linear, has_packed_kernel, quantize_per_channel
@@ -59,6 +61,7 @@ from minigpt.model.packed import can_pack, pack, packed_linear
 # differ by 1.5x and more, so a smaller ratio is timing noise on a shared machine, not a reason to change.
 MIN_SPEEDUP = 1.2
 ATTENTION_BACKENDS = ("sdpa", "math")  # the backends a one-query step can use (online is for teaching)
+COMPILED_ATTENTION_BACKENDS = (*ATTENTION_BACKENDS, "streamed")  # and a compiled one: slow eagerly
 # Inductor's settings for a step compiled with its weights frozen into it: each product's kernel timed by
 # Inductor among its own generated GEMM and the library's, quietly (its tables would mix into the text).
 FROZEN_INDUCTOR = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
@@ -103,18 +106,27 @@ class OneDNN:
         torch.backends.mkldnn.enabled = self.saved
 
 
-def interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
-    """Best seconds of each zero-argument call, timed in rounds (A B C, A B C, ...) after a warm-up round."""
-    best = dict.fromkeys(calls, float("inf"))
+def interleaved_times(calls: dict, repeats: int, device: torch.device) -> dict[object, list[float]]:
+    """Seconds of each zero-argument call in each of `repeats` rounds, after a warm-up round. Every round
+    calls each once, the order reversed from one round to the next (A B C, C B A, ...), so no call always
+    follows the same other one (a call after another on the same memory finds it in the caches)."""
+    times: dict[object, list[float]] = {key: [] for key in calls}
+    order = list(calls)
     for round_ in range(repeats + 1):
-        for key, call in calls.items():
+        for key in order:
             synchronize(device)
             start = time.perf_counter()
-            call()
+            calls[key]()
             synchronize(device)
             if round_:
-                best[key] = min(best[key], time.perf_counter() - start)
-    return best
+                times[key].append(time.perf_counter() - start)
+        order.reverse()
+    return times
+
+
+def interleaved_best(calls: dict, repeats: int, device: torch.device) -> dict:
+    """Best seconds of each zero-argument call over `interleaved_times`' rounds."""
+    return {key: min(seconds) for key, seconds in interleaved_times(calls, repeats, device).items()}
 
 
 # --- the products -------------------------------------------------------------------------------------------
@@ -270,41 +282,69 @@ def cache_lengths(block_size: int) -> list[int]:
     return sorted({max(1, block_size // 8), max(1, block_size // 2), block_size})
 
 
+# each backend attending one query per row and head: q (B, H, 1, D), k/v (B, H_kv, S, D) -> (B, H, 1, D)
+_ATTEND = {"sdpa": lambda q, k, v: sdpa_attention(q, k, v, None, False, 0.0),
+           "math": lambda q, k, v: math_attention(q, k, v, None, False)[0],
+           "streamed": lambda q, k, v: streamed_attention(q, k, v, None)}
+
+
+def _attend_layers(attend: Callable, qs: list[torch.Tensor], ks: list[torch.Tensor],
+                   vs: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [attend(q, k, v) for q, k, v in zip(qs, ks, vs, strict=True)]  # (B, H, 1, D) each
+
+
+def attention_layers(backend: str, device: torch.device, compile: bool) -> Callable:
+    """(qs, ks, vs) -> every layer's one-query attention by `backend`, eager or compiled as a step compiles
+    it (dynamic shapes: one graph for every cache length; a function of its own, so its graphs are too)."""
+    attend = functools.partial(_attend_layers, _ATTEND[backend])
+    if not compile:
+        return attend
+    own = types.FunctionType(_attend_layers.__code__.replace(), _attend_layers.__globals__)
+    compiled = torch.compile(own, dynamic=True, options=compile_options(device))
+    return functools.partial(compiled, _ATTEND[backend])
+
+
 def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
-                   backends: tuple[str, ...], onednn: bool = True, repeats: int = 5) -> dict[str, float]:
-    """Best seconds of each backend attending with `rows` single queries, summed over `cache_lengths`, with
-    oneDNN on or off as the step will have it (the math backend's 16-bit products go through it)."""
-    with OneDNN(onednn):
-        return _attention_times(config, dtype, device, rows, backends, repeats)
+                   backends: tuple[str, ...], onednn: bool = True, compile: bool = False,
+                   repeats: int = 5) -> dict[str, float]:
+    """Best seconds of each backend attending with `rows` single queries in every layer, summed over
+    `cache_lengths`, with oneDNN on or off as the step will have it (the math backend's 16-bit products go
+    through it) and compiled where the step will be (`compile`; the first calls, which compile, untimed)."""
+    layers = {backend: attention_layers(backend, device, compile) for backend in backends}
+    with OneDNN(onednn), torch.no_grad():
+        return _attention_times(config, dtype, device, rows, layers, repeats)
 
 
 def _attention_times(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
-                     backends: tuple[str, ...], repeats: int) -> dict[str, float]:
+                     layers: dict[str, Callable], repeats: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
-    total = dict.fromkeys(backends, 0.0)
+    total = dict.fromkeys(layers, 0.0)
     for length in cache_lengths(config.block_size):
-        q = torch.randn(rows, config.n_head, 1, config.head_dim, generator=gen)  # (B, H, 1, D)
-        k, v = (torch.randn(rows, config.kv_heads, length, config.head_dim, generator=gen)  # (B, H_kv, S, D)
-                for _ in range(2))
-        q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
-        calls = {"sdpa": lambda q=q, k=k, v=v: sdpa_attention(q, k, v, None, False, 0.0),
-                 "math": lambda q=q, k=k, v=v: math_attention(q, k, v, None, False)}
-        for backend, seconds in interleaved_best({b: calls[b] for b in backends}, repeats, device).items():
+        qs = [torch.randn(rows, config.n_head, 1, config.head_dim, generator=gen)  # (B, H, 1, D)
+              for _ in range(config.n_layer)]
+        kv_shape = (rows, config.kv_heads, length, config.head_dim)  # (B, H_kv, S, D)
+        ks, vs = ([torch.randn(kv_shape, generator=gen) for _ in range(config.n_layer)] for _ in range(2))
+        qs, ks, vs = ([t.to(device=device, dtype=dtype) for t in ts] for ts in (qs, ks, vs))
+        calls = {backend: functools.partial(attend, qs, ks, vs) for backend, attend in layers.items()}
+        for backend, seconds in interleaved_best(calls, repeats, device).items():
             total[backend] += seconds
     return total
 
 
-AttentionMeasure = Callable[[ModelConfig, torch.dtype, torch.device, int, tuple[str, ...], bool],
+AttentionMeasure = Callable[[ModelConfig, torch.dtype, torch.device, int, tuple[str, ...], bool, bool],
                             dict[str, float]]
 
 
 def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,
-                     onednn: bool = True, measure: AttentionMeasure = time_attention) -> tuple[str, str]:
+                     onednn: bool = True, compile: bool = False,
+                     measure: AttentionMeasure = time_attention) -> tuple[str, str]:
     """The attention backend for one-query steps of `rows` rows (`config`'s shape, activations in `dtype`,
-    oneDNN on or off as in the step), and why. The model's own backend unless the other is clearly faster
-    (`online` is compared as sdpa)."""
+    oneDNN on or off as in the step, compiled or not), and why. The model's own backend unless another is
+    clearly faster (`online` is compared as sdpa)."""
     own = config.attention if config.attention in ATTENTION_BACKENDS else "sdpa"
-    times = measure(config, dtype, device, rows, ATTENTION_BACKENDS, onednn)
+    compiled = compile and compile_problem(device) is None  # timed as the step will run them
+    backends = COMPILED_ATTENTION_BACKENDS if compiled else ATTENTION_BACKENDS
+    times = measure(config, dtype, device, rows, backends, onednn, compiled)
     best = min(times, key=times.get)
     measured = ", ".join(f"{backend} {t * 1e3:.2f} ms" for backend, t in times.items())
     if times[own] / times[best] < MIN_SPEEDUP:
@@ -329,7 +369,7 @@ def choose_kernels(model: GPT, rows: int, int8: bool, compile: bool = False,
         products, why = choose_int8_products(layers, rows, measure_int8_products or time_int8_products)
         notes.append(f"products {why}")
     table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
-    attention, why = choose_attention(model.config, table.dtype, table.device, rows, products.onednn,
+    attention, why = choose_attention(model.config, table.dtype, table.device, rows, products.onednn, compile,
                                       measure_attention)
     notes.append(f"attention {why}")
     return replace(products, attention=attention), notes

@@ -10,6 +10,8 @@ Backends (`model.attention`), which must agree numerically (the tests compare th
 - `sdpa`: torch's fused `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
 - `online`: streams over key/value blocks with a running softmax (online_softmax.py); never
   materialises the (T, S) score matrix.
+A decode step's single query may use a fourth, `streamed` (model/streamed.py): the same attention
+written as reductions for torch.compile to generate, chosen by measurement (`decode_backend`).
 
 Grouped-query attention: with H_kv < H key/value heads, query head h uses key/value head
 h // (H / H_kv). The KV cache stores only H_kv heads, so it shrinks by H / H_kv.
@@ -42,6 +44,7 @@ from torch import nn
 from minigpt.model.config import ModelConfig
 from minigpt.model.online_softmax import online_attention
 from minigpt.model.rope import apply_rope
+from minigpt.model.streamed import streamed_attention
 
 
 def causal_mask(t: int, s: int, device: torch.device) -> torch.Tensor:
@@ -176,6 +179,8 @@ class CausalSelfAttention(nn.Module):
             return y
         if backend == "sdpa":
             return sdpa_attention(q, k, v, mask, is_causal, p_drop, self.scale)
+        if backend == "streamed":  # a one-query step's only (decode_backend), so no causal mask to apply
+            return streamed_attention(q, k, v, mask, self.scale)
         return online_attention(
             q, k, v, mask=mask, is_causal=is_causal, block_size=self.online_block_size,
             dropout=self.attn_drop if p_drop > 0 else None, scale=self.scale,

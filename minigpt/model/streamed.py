@@ -1,28 +1,35 @@
-"""Streamed products: a linear layer that a compiled decode step computes as one generated loop over its
-matrix.
+"""Streamed computation: a decode step's products and its one-query attention written as the sums they are,
+for a compiled step to generate as single passes over memory.
 
 A decode step multiplies one row (or a few) by every matrix of the model, so its time is how fast each matrix
 streams in from memory. A library GEMM is built for large products: for one row it spends its effort on
 blocking and packing that a single pass over the matrix does not need. Written as what the product is,
 
-    y[..., o] = sum_i x[..., i] · W[o, i]        (x.unsqueeze(-2) * W).sum(-1)
+    y[..., o] = sum_i x[..., i] · W[o, i]        (x.unsqueeze(-2) * W).sum(-1)        StreamedLinear
 
 torch.compile's Inductor turns it into one generated kernel that walks W once, row by row, vectorised along
 `in` and split across threads along `out`: a streaming reduction, as fast as memory allows. Eagerly the same
 expression would build the whole (..., out, in) product first, so outside compilation the layer calls
 F.linear, and a prefill of many tokens (eager) costs what an nn.Linear costs.
 
-Two details keep the generated loop a pure stream:
+The attention of one new query over the cache is the same kind of work, two passes over the cached keys and
+values with a softmax between them (`streamed_attention`); the library's attention kernels are built for
+many queries at once, and for one query their 16-bit paths are slowest.
+
+Two details keep the generated loops pure streams:
 - The input is made a real buffer first (`as_strided` onto itself, free eagerly): otherwise Inductor may
-  recompute whatever made x (a norm, an activation) inside the loop, once per output.
-- The sum accumulates in float32 whatever the weights' dtype (as the library's 16-bit products do), and the
+  recompute whatever made it (a norm, an activation, a rotation) inside the loop, once per output.
+- The sums accumulate in float32 whatever the weights' dtype (as the library's 16-bit kernels do), and the
   result is cast back.
 
-Whether it pays is measured, never assumed (generation/kernels.py); same values, same shape, same parameter
-(a tied embedding stays tied); the result equals nn.Linear's up to the order of the sums.
+Whether they pay is measured, never assumed (generation/kernels.py, generation/decoder.py). A StreamedLinear
+has the linear's values, shape and parameters (a tied embedding stays tied), and both give the library's
+results up to the order of the sums.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -54,3 +61,34 @@ class StreamedLinear(nn.Module):
     def extra_repr(self) -> str:
         bias = self.bias is not None
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
+
+
+def streamed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float | None = None
+) -> torch.Tensor:
+    """One query per row and head (a decode step), written as the reductions it is, for a compiled step:
+    q (B, H, 1, D), k/v (B, H_kv, S, D), mask broadcastable to (B, 1, 1, S) with True = may attend, or None;
+    returns (B, H, 1, D) like the other backends.
+
+        scores[s] = q · k[s] · scale      p = softmax(scores)      y = sum_s p[s] · v[s]
+
+    Inductor generates each sum as a loop over the cached keys and values, in float32 whatever their
+    dtype, with the softmax fused between them: a single pass over the cache, where a library kernel
+    built for many queries (sdpa's 16-bit path above all) spends most of its time on blocking that one
+    query does not need. Eagerly it materialises the (B, H, S, D) products, so it is meant for compiled
+    one-query steps only (generation/kernels.py times it there against sdpa and math)."""
+    B, H, T, D = q.shape
+    if T != 1:
+        raise ValueError(f"streamed attention takes one query per row and head, got {T}")
+    H_kv = k.shape[1]
+    scale = 1.0 / math.sqrt(D) if scale is None else scale
+    dtype = q.dtype
+    # a buffer of its own (see the module docstring), in float32: the products with k and v are promoted too
+    q = q.as_strided(q.shape, q.stride()).float()
+    q = q.reshape(B, H_kv, H // H_kv, 1, D)  # (B, H_kv, n_rep, 1, D): the query heads sharing each K/V head
+    scores = (q * k.unsqueeze(2)).sum(-1) * scale  # (B, H_kv, n_rep, S)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.reshape(mask.shape[0], 1, 1, mask.shape[-1]), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)  # (B, H_kv, n_rep, S)
+    y = (probs.unsqueeze(-1) * v.unsqueeze(2)).sum(-2)  # (B, H_kv, n_rep, D)
+    return y.to(dtype).reshape(B, H, 1, D)

@@ -177,30 +177,44 @@ def test_frozen_combines_only_with_what_a_frozen_step_leaves_alone(head, blocks,
     assert ("frozen" in why.split(":")[0]) == chosen.frozen
 
 
-@pytest.mark.parametrize(("own", "times", "chosen"), [
-    ("sdpa", {"sdpa": 3.0, "math": 1.0}, "math"),
-    ("sdpa", {"sdpa": 1.1, "math": 1.0}, "sdpa"),  # within the noise margin: the model's own
-    ("math", {"sdpa": 1.0, "math": 3.0}, "sdpa"),
-    ("online", {"sdpa": 1.1, "math": 1.0}, "sdpa"),  # the teaching backend is compared as sdpa
+@pytest.mark.parametrize(("own", "times", "compile", "chosen"), [
+    ("sdpa", {"sdpa": 3.0, "math": 1.0}, False, "math"),
+    ("sdpa", {"sdpa": 1.1, "math": 1.0}, False, "sdpa"),  # within the noise margin: the model's own
+    ("math", {"sdpa": 1.0, "math": 3.0}, False, "sdpa"),
+    ("online", {"sdpa": 1.1, "math": 1.0}, False, "sdpa"),  # the teaching backend is compared as sdpa
+    ("sdpa", {"sdpa": 3.0, "math": 2.0, "streamed": 1.0}, True, "streamed"),  # a compiled step's only
+    ("sdpa", {"sdpa": 1.1, "math": 3.0, "streamed": 1.0}, True, "sdpa"),
 ])  # fmt: skip
-def test_the_attention_choice_follows_the_measurement(own: str, times: dict, chosen: str) -> None:
+def test_the_attention_choice_follows_the_measurement(own, times, compile, chosen, monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "compile_problem", lambda device: None)
     seen = []
 
-    def measure(config, dtype, device, rows, backends, onednn):
-        seen.append((config.attention, dtype, rows, backends, onednn))
+    def measure(config, dtype, device, rows, backends, onednn, compiled):
+        seen.append((config.attention, dtype, rows, backends, onednn, compiled))
         return {b: times[b] for b in backends}
 
     config = tiny_config(attention=own, vocab_size=61)
-    backend, why = kernels.choose_attention(config, torch.bfloat16, torch.device("cpu"), 2, False, measure)
+    backend, why = kernels.choose_attention(config, torch.bfloat16, torch.device("cpu"), 2, False, compile,
+                                            measure)
     assert backend == chosen and f"{chosen} attention" in why
-    assert seen == [(own, torch.bfloat16, 2, ("sdpa", "math"), False)]
+    assert seen == [(own, torch.bfloat16, 2, tuple(times), False, compile)]
+
+
+def test_without_a_compiler_the_attention_is_timed_eagerly_as_the_step_will_run(monkeypatch) -> None:
+    monkeypatch.setattr(kernels, "compile_problem", lambda device: "no C++ compiler was found")
+    seen = []
+    measure = lambda config, dtype, device, rows, backends, onednn, compiled: seen.append(
+        (backends, compiled)) or dict.fromkeys(backends, 1.0)
+    kernels.choose_attention(tiny_config(vocab_size=61), torch.float32, torch.device("cpu"), 1, True, True,
+                             measure)
+    assert seen == [(("sdpa", "math"), False)]
 
 
 def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(monkeypatch, caplog) -> None:
     seen = []
     fake = lambda ms, rows, ways: seen.append((len(ms), rows)) or {w: 1.0 + (w != IO) for w in ways}
-    fake_attention = lambda config, dtype, device, rows, backends, onednn: seen.append((dtype, rows)) or {
-        "sdpa": 2.0, "math": 1.0}
+    fake_attention = lambda config, dtype, device, rows, backends, onednn, compile: seen.append(
+        (dtype, rows)) or {"sdpa": 2.0, "math": 1.0}
     monkeypatch.setattr(decoder, "choose_kernels",
                         lambda m, rows, int8, compile: kernels.choose_kernels(m, rows, int8, compile, fake,
                                                                               fake_attention))
@@ -215,9 +229,17 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
     assert "in_out" in caplog.text and "math attention" in caplog.text and "decode step eager" in caplog.text
 
 
-@pytest.mark.parametrize(("chosen_s", "streamed_s", "streamed"), [(2.0, 1.0, True), (1.1, 1.0, False)])
+@pytest.mark.parametrize(("chosen_s", "streamed_s", "streamed"), [
+    ([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], True),
+    ([1.12, 1.12, 1.12], [1.0, 1.0, 1.0], True),
+    ([1.08, 1.08, 1.08], [1.0, 1.0, 1.0], False),  # within the noise of whole steps
+    ([2.0, 2.2, 1.8], [1.0, 2.0, 1.0], True),  # one slow round of the twin does not decide
+    ([1.0, 4.0, 1.0], [1.0, 1.0, 1.0], False),  # nor one slow round of the step as chosen
+    ([1.0, 2.0, 2.0], [0.98, 1.6, 1.6], True),  # the machine slowed after round 1: each round's ratio holds
+])  # fmt: skip
 def test_a_compiled_step_is_streamed_where_whole_steps_say(chosen_s, streamed_s, streamed, monkeypatch):
-    """Timed on whole steps; eager steps and steps given their kernels are not timed at all."""
+    """Timed on whole steps, judged by the median of the rounds' ratios; eager steps and steps given their
+    kernels are not timed at all."""
     chosen = lambda m, rows, int8, compile: (Kernels("packed", "packed"), ["products packed"])
     monkeypatch.setattr(decoder, "choose_kernels", chosen)
     seen = []
@@ -257,14 +279,15 @@ def test_the_measurements_are_real_times() -> None:
 def test_the_attention_is_timed_under_the_step_s_onednn_flag(onednn, monkeypatch) -> None:
     """A step runs with the products' flag, and 16-bit math attention is slow without oneDNN on some CPUs."""
     flags = []
-    monkeypatch.setattr(kernels, "math_attention", lambda *a: flags.append(torch.backends.mkldnn.enabled))
+    monkeypatch.setattr(kernels, "math_attention",
+                        lambda *a: flags.append(torch.backends.mkldnn.enabled) or (None, None))
     config = tiny_config(vocab_size=61, block_size=16)
     kernels.time_attention(config, torch.bfloat16, torch.device("cpu"), 1, ("math",), onednn, repeats=1)
     assert flags and set(flags) == {onednn} and torch.backends.mkldnn.enabled
     seen = []
     fake_products = lambda ms, rows, ways: {w: 1.0 if w == OI_OFF else 3.0 for w in ways}
-    fake_attention = lambda config, dtype, device, rows, backends, flag: seen.append(flag) or dict.fromkeys(
-        backends, 1.0)
+    fake_attention = lambda config, dtype, device, rows, backends, flag, compile: seen.append(
+        flag) or dict.fromkeys(backends, 1.0)
     chosen, _ = kernels.choose_kernels(_tiny(torch.bfloat16), 1, False, False, fake_products, fake_attention)
     assert not chosen.onednn and seen == [False]
 
@@ -301,6 +324,25 @@ def test_compiled_products_are_the_products_and_are_timed() -> None:
     int8 = [Int8Linear.from_linear(linear, torch.float32, packed_kernel=True) for linear in linears]
     times = kernels.time_int8_products(int8, 2, (False, True), repeats=1)
     assert set(times) == {False, True} and all(0 < t < math.inf for t in times.values())
+
+
+@pytest.mark.slow
+def test_compiled_attention_is_the_attention_and_is_timed() -> None:
+    """Each backend compiled as a step compiles it gives the eager sdpa's result, for every layer."""
+    config = tiny_config(vocab_size=61, block_size=16)
+    gen = torch.Generator().manual_seed(0)
+    qs = [torch.randn(2, config.n_head, 1, config.head_dim, generator=gen) for _ in range(2)]
+    ks, vs = ([torch.randn(2, config.kv_heads, 5, config.head_dim, generator=gen) for _ in range(2)]
+              for _ in range(2))
+    expected = kernels.attention_layers("sdpa", torch.device("cpu"), False)(qs, ks, vs)
+    for backend in kernels.COMPILED_ATTENTION_BACKENDS:
+        got = kernels.attention_layers(backend, torch.device("cpu"), True)(qs, ks, vs)
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    times = kernels.time_attention(config, torch.bfloat16, torch.device("cpu"), 2,
+                                   kernels.COMPILED_ATTENTION_BACKENDS, compile=True, repeats=1)
+    assert set(times) == set(kernels.COMPILED_ATTENTION_BACKENDS)
+    assert all(0 < t < math.inf for t in times.values())
 
 
 @pytest.mark.parametrize(("fp32_s", "bf16_s", "chosen"),

@@ -44,9 +44,10 @@ def _run(model, step, prompts, n, seed=0):
 
 
 def _decodes_as_eager(model, step: DecodeStep, new_tokens: int, verified_tokens: int):
-    """`step` gives the eager step's tokens and logits for a batch of two, and, verifying three drafted tokens
-    at a time (several queries under a mask), the model's greedy tokens. Returns the batch's generation."""
-    prompts = [[1, 2, 3], [4, 5, 6]]
+    """`step` gives the eager step's tokens and logits for a batch of two (one row padded), and, verifying
+    three drafted tokens at a time (several queries under a mask), the model's greedy tokens. Returns the
+    batch's generation."""
+    prompts = [[1, 2, 3], [4, 5]]
     eager, fast = _run(model, None, prompts, new_tokens), _run(model, step, prompts, new_tokens)
     assert fast.tokens == eager.tokens
     for a, b in zip(fast.logits, eager.logits, strict=True):
@@ -84,12 +85,14 @@ def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weig
 
 @pytest.mark.slow
 def test_a_streamed_step_decodes_what_the_eager_one_does() -> None:
-    """The products as loops Inductor generates (model/streamed.py), batched and verifying drafted tokens."""
+    """The products and the one-query attention as loops Inductor generates (model/streamed.py), batched and
+    verifying drafted tokens."""
     model = _model()
-    step = DecodeStep(model.prepare_for_inference("streamed"), compile=True, kernels=Kernels("streamed",
-                                                                                             "streamed"))
+    kernels = Kernels("streamed", "streamed", attention="streamed")
+    step = DecodeStep(model.prepare_for_inference("streamed", decode_attention="streamed"), compile=True,
+                      kernels=kernels)
     _decodes_as_eager(model, step, 20, 12)
-    assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1).values())
+    assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1)["streamed"])
 
 
 @pytest.mark.slow

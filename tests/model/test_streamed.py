@@ -1,7 +1,10 @@
 """StreamedLinear (model/streamed.py): nn.Linear's result eagerly and compiled, computed compiled by a loop
-Inductor generates (no library product), with the linear's own parameters."""
+Inductor generates (no library product), with the linear's own parameters; and the streamed one-query
+attention: the attention's formula in float64, eagerly and compiled, with no library kernel in its graph."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ import torch._inductor.metrics as inductor_metrics
 from torch import nn
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 
-from minigpt.model.streamed import StreamedLinear
+from minigpt.model.streamed import StreamedLinear, streamed_attention
 
 
 def _linear(out_f: int, in_f: int, bias: bool, dtype: torch.dtype) -> nn.Linear:
@@ -55,3 +58,55 @@ def test_compiled_it_is_a_generated_loop_with_the_linear_s_result(dtype: torch.d
     torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
     _, extern = _extern_kernels(lambda x: linear(torch.nn.functional.gelu(x)), x)
     assert extern >= 1
+
+
+def _one_query(n_kv_head: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """q (2, 4, 1, 8), k/v (2, n_kv_head, 9, 8) in `dtype`, and a padding mask (2, 1, 1, 9): row 1's first
+    three keys are padding."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 1, 8, generator=gen).to(dtype)
+    k, v = (torch.randn(2, n_kv_head, 9, 8, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+    mask[1, ..., :3] = False
+    return q, k, v, mask
+
+
+def _attention_in_float64(q, k, v, mask, scale) -> torch.Tensor:
+    """softmax(q·kᵀ·scale, padding excluded)·v, each query head h reading key/value head h // (H / H_kv)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (B, H, S, D)
+    scores = torch.einsum("bhqd,bhsd->bhqs", q, k) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("bhqs,bhsd->bhqd", scores.softmax(-1), v)  # (B, H, 1, D)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+@pytest.mark.parametrize("scale", [None, 1.0])
+def test_streamed_attention_is_the_attention_formula(dtype, tol, n_kv_head, scale) -> None:
+    """Grouped heads, a padding mask, the default 1/√D or another scale; 16-bit inputs summed in float32
+    (the error is the output's own rounding)."""
+    q, k, v, mask = _one_query(n_kv_head, dtype)
+    expected = _attention_in_float64(q, k, v, mask, 1 / math.sqrt(8) if scale is None else scale)
+    got = streamed_attention(q, k, v, mask, scale)
+    assert got.shape == q.shape and got.dtype == dtype
+    torch.testing.assert_close(got.double(), expected, atol=tol, rtol=tol)
+    unmasked = streamed_attention(q, k, v, None, scale)
+    torch.testing.assert_close(unmasked[0], got[0])  # row 0 has no padding
+    with pytest.raises(ValueError, match="one query"):
+        streamed_attention(torch.cat([q, q], dim=2), k, v, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)])
+def test_compiled_streamed_attention_is_generated_code_with_the_formula_s_result(dtype, tol) -> None:
+    """No library kernel in its graph (scaled_dot_product_attention's graph has one)."""
+    q, k, v, mask = _one_query(2, dtype)
+    got, extern = _extern_kernels(lambda q, k, v, mask: streamed_attention(q, k, v, mask), q, k, v, mask)
+    assert extern == 0
+    torch.testing.assert_close(got.double(), _attention_in_float64(q, k, v, mask, 1 / math.sqrt(8)),
+                               atol=tol, rtol=tol)
+    sdpa = lambda q, k, v, mask: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask,
+                                                                                  enable_gqa=True)
+    assert _extern_kernels(sdpa, q, k, v, mask)[1] >= 1
