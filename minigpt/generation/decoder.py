@@ -83,6 +83,12 @@ def time_steps(steps: dict[str, DecodeStep], rows: int, repeats: int = 15) -> di
 StepMeasure = Callable[[dict[str, DecodeStep], int], dict[str, list[float]]]
 
 
+def paired_speedup(slower: list[float], faster: list[float]) -> float:
+    """How many times faster the second of two steps timed in the same rounds is: the median over rounds of
+    each round's ratio, which a drift of the machine from round to round leaves alone."""
+    return statistics.median(s / f for s, f in zip(slower, faster, strict=True))
+
+
 def _on_cpu(model: GPT) -> bool:
     return model.transformer.wte.weight.device.type == "cpu"
 
@@ -92,13 +98,12 @@ def choose_streamed(step: DecodeStep, twin: GPT, rows: int,
     """`step` (compiled) or the same step with every product streamed (model/streamed.py) on `twin`, an
     unprepared copy of its model, whichever is STEP_MIN_SPEEDUP faster, and why. Timed as whole steps: a
     streamed product's gain is that Inductor generates it together with the ops around it, which no product
-    timed alone shows. Judged by the median over rounds of each round's ratio, which a drift of the machine
-    between rounds leaves alone."""
+    timed alone shows. Judged by `paired_speedup`."""
     kernels = replace(step.kernels, layout="streamed", head_layout="streamed", frozen=False)
     twin.prepare_for_inference("streamed", rows, kernels.attention)
     steps = {"chosen": step, "streamed": DecodeStep(twin, compile=True, kernels=kernels)}
     rounds = measure(steps, rows)
-    speedup = statistics.median(c / s for c, s in zip(rounds["chosen"], rounds["streamed"], strict=True))
+    speedup = paired_speedup(rounds["chosen"], rounds["streamed"])
     median_ms = {name: statistics.median(seconds) * 1e3 for name, seconds in rounds.items()}
     measured = (f"a step as chosen {median_ms['chosen']:.2f} ms, streamed {median_ms['streamed']:.2f} ms, "
                 f"{speedup:.2f}x")

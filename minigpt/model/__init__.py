@@ -14,6 +14,7 @@ Shape legend, used in every docstring and `# (...)` comment of this package:
 
 Data flow (read the files in this order): embedding.py (token embedding + positional encoding),
 rope.py, norm.py, attention.py (+ online_softmax.py), ffn.py, block.py, kv_cache.py, gpt.py, factory.py;
-int8.py (weight-only int8 linear layers for decoding) stands beside them.
+int8.py, packed.py and streamed.py (the ways a decode step's products and one-query attention can be
+computed, chosen by generation/kernels.py) stand beside them.
 Nothing is imported here, so `minigpt.model.config` can be imported without torch (the config schemas do).
 """

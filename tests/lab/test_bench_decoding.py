@@ -5,12 +5,14 @@ targets, and the report and docs/decoding.md rendered from a synthetic result (n
 from __future__ import annotations
 
 import copy
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from minigpt.generation.decoder import STEP_MIN_SPEEDUP
 from minigpt.lab.bench import llama_cpp
 from minigpt.lab.bench.generation import _targets, minigpt_generate, weight_bytes
 from minigpt.lab.bench.reference import gpt2_like_config
@@ -19,8 +21,10 @@ from minigpt.lab.bench.report_decoding import (
     format_decode_batch,
     format_default_decode,
     format_speculative,
+    format_step_spread,
     render_decoding_doc,
 )
+from minigpt.lab.bench.step_spread import bench_step_spread
 from minigpt.model.factory import build_model
 from minigpt.model.int8 import quantize_int8
 
@@ -106,6 +110,10 @@ RESULTS = {
                                  "int8 copy, k=4": {"tokens_per_s": 180.0, "acceptance_rate": 0.9,
                                                     "tokens_per_forward": 4.1, "speedup": 1.8,
                                                     "same_tokens": True}}},
+        "step_spread": {"shape": {"n_layer": 6, "n_embd": 384, "vocab_size": 50304}, "runs": 2, "margin": 1.1,
+                        "dtypes": {"bf16": {"kernels": "head out_in, blocks out_in, streamed attention",
+                                            "ratios": {"chosen / chosen again": [0.98, 1.02],
+                                                       "chosen / streamed": [1.21, 1.17]}}}},
         "decode_accuracy": {"skipped": "no training checkpoint under 'outputs/train'"},
     },
 }
@@ -119,6 +127,11 @@ def test_the_decoding_tables_show_their_numbers() -> None:
     assert "| float32 | 100, 10.0 ms | 380, 10.5 ms | 4            |" in batch
     spec = "\n".join(format_speculative(s["speculative"]))
     assert "| int8 copy, k=4 | 180.0    | 90%      | 4.10               | 1.80x    | yes         |" in spec
+    spread = "\n".join(format_step_spread(s["step_spread"]))
+    assert "| bfloat16 | chosen / streamed     | 1.210, 1.170           | 1.170-1.210 |" in spread
+    assert "in 2 runs (the whole-step choice takes a twin at 1.1x)" in spread
+    assert format_step_spread({"skipped": "compiled steps only"}) == [
+        "Spread of whole-step timings: skipped (compiled steps only)"]
     assert format_decode_accuracy(s["decode_accuracy"]) == [
         "Decoding accuracy: skipped (no training checkpoint under 'outputs/train')"]
 
@@ -135,3 +148,16 @@ def test_the_document_names_the_machine_and_keeps_its_tables_markdown() -> None:
     emulated = copy.deepcopy(RESULTS)
     emulated["machine"]["bf16_units"] = []
     assert "bfloat16 is not native there" in render_decoding_doc(emulated, "x")
+
+
+@pytest.mark.slow
+def test_the_step_spread_times_real_compiled_steps_and_reports_them() -> None:
+    shape = {"n_layer": 1, "n_head": 2, "n_embd": 32, "vocab_size": 64, "block_size": 32}
+    r = bench_step_spread(torch.device("cpu"), runs=1, shape=shape, dtypes=("fp32",))
+    ratios = r["dtypes"]["fp32"]["ratios"]
+    assert list(ratios) == ["chosen / chosen again", "streamed / streamed again", "chosen / streamed"]
+    assert all(len(v) == 1 and 0 < v[0] < math.inf for v in ratios.values())
+    assert r["margin"] == STEP_MIN_SPEEDUP
+    assert "float32 steps as chosen: head" in "\n".join(format_step_spread(r))
+    assert bench_step_spread(torch.device("cpu"), compile=False) == {
+        "skipped": "compiled steps only (the bench runs without compile)"}

@@ -118,7 +118,7 @@ def decoders(trained: GPT, compile: bool) -> tuple[dict[str, Decoder], dict[str,
     return out, prepare_s
 
 
-def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: int = 256, repeats: int = 3,
+def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: int = 256, repeats: int = 5,
                      latency_positions: tuple[int, ...] = (64, 512, 1000), latency_repeats: int = 10,
                      prefill_len: int = 512, uncached: bool = True, reference_bf16: bool = True,
                      compile: bool = True, read_bytes_per_s: float | None = None) -> dict:

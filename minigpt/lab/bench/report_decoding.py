@@ -122,9 +122,27 @@ def format_decode_accuracy(r: dict) -> list[str]:
                         "first divergence", "val loss", "bits/byte"], rows)
 
 
+def format_step_spread(r: dict) -> list[str]:
+    if "skipped" in r:
+        return [f"Spread of whole-step timings: skipped ({r['skipped']})"]
+    s = r["shape"]
+    out = [f"How far apart equal decode steps measure: {s['n_layer']} layers x {s['n_embd']} wide, vocab "
+           f"{s['vocab_size']}, batch 1, compiled, each step on a copy of its own; the median over "
+           f"interleaved rounds of each round's ratio, in {r['runs']} runs (the whole-step choice takes a "
+           f"twin at {r['margin']}x):"]
+    rows = []
+    for dtype, per in r["dtypes"].items():
+        for pair, ratios in per["ratios"].items():
+            rows.append([DTYPE_NAMES.get(dtype, dtype), pair, ", ".join(f"{v:.3f}" for v in ratios),
+                         f"{min(ratios):.3f}-{max(ratios):.3f}"])
+    out += table(["weights", "pair", "paired speed-up by run", "range"], rows)
+    out += [f"{DTYPE_NAMES.get(d, d)} steps as chosen: {per['kernels']}" for d, per in r["dtypes"].items()]
+    return out
+
+
 FORMATTERS = {"generation": format_generation, "default_decode": format_default_decode,
               "decode_batch": format_decode_batch, "speculative": format_speculative,
-              "decode_accuracy": format_decode_accuracy}
+              "step_spread": format_step_spread, "decode_accuracy": format_decode_accuracy}
 
 
 def render_decoding_doc(results: dict, command: str) -> str:

@@ -12,8 +12,10 @@ under a minute, for smoke tests. Sections:
     default_decode   `make train`'s model decoding at batch 1, eager and compiled
     decode_batch     W2 at batch 1, 4, 16, 64: tokens/s, per-token latency, where throughput saturates
     speculative      W2 with int8 / bf16 copies drafting: acceptance rate and speed-up
+    step_spread      W2 compiled steps against equal copies and their streamed twins: the spread a choice
+                     between whole steps must beat
     decode_accuracy  a trained checkpoint in bf16 and int8 against float32: logits, greedy tokens, val loss
-    (`decoding` selects these five)
+    (`decoding` selects these six)
     attention   math / online / sdpa forward time and memory at growing T
     data        default-corpus prepare time, encode MB/s
     train_loop  (only when asked for) sustained training with the trainer's step code: GPT-2 small with
@@ -56,6 +58,7 @@ from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
 from minigpt.lab.bench.sections import DECODING
 from minigpt.lab.bench.speculative import bench_speculative
+from minigpt.lab.bench.step_spread import bench_step_spread
 from minigpt.lab.bench.techniques import bench_techniques
 from minigpt.lab.bench.timing import BUSY_WARNING, busy_cores
 from minigpt.lab.bench.train_loop import bench_train_loop
@@ -196,5 +199,7 @@ def _run_decoding(name: str, device: torch.device, quick: bool, compile_: bool, 
     if name == "speculative":
         sizes = {"new_tokens": 16, "draft_tokens": (2,), "repeats": 1} if quick else {}
         return bench_speculative(device, compile=compile_, **sizes)
+    if name == "step_spread":
+        return bench_step_spread(device, runs=1 if quick else 5, compile=compile_)
     return bench_decode_accuracy(**({"windows": 2, "prompts": 1, "new_tokens": 16, "max_tokens": 4096}
                                     if quick else {}))
