@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 # A whole step is taken over another where it is this much faster, by the median of the two's ratio over
 # interleaved rounds. Whole steps share most of their work, so they differ by less than single kernels do;
-# yet two copies of one step, compiled apart, can measure several percent apart by that median (their weights
-# lie elsewhere in memory; docs/decoding.md gives the spread), and a smaller margin would choose by it.
+# yet two copies of one step, compiled apart, can measure several percent apart by that median (they differ
+# only in where their weights lie in memory; docs/decoding.md gives the spread), and a smaller margin would
+# choose by that.
 STEP_MIN_SPEEDUP = 1.1
 
 
