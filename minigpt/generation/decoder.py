@@ -94,14 +94,22 @@ def _on_cpu(model: GPT) -> bool:
     return model.transformer.wte.weight.device.type == "cpu"
 
 
+def streamed_twin(kernels: Kernels) -> Kernels:
+    """The kernels of a step's streamed twin: the blocks' products streamed (model/streamed.py), each fused
+    with the norm, activation or residual add around it; the head, which stands alone after the final norm
+    and is the largest matrix, frozen, so Inductor times its own kernels for it against the library's; the
+    oneDNN flag and the attention as chosen for the step."""
+    return replace(kernels, layout="streamed", head_layout="out_in", frozen=True)
+
+
 def choose_streamed(step: DecodeStep, twin: GPT, rows: int,
                     measure: StepMeasure = time_steps) -> tuple[DecodeStep, str]:
-    """`step` (compiled) or the same step with every product streamed (model/streamed.py) on `twin`, an
-    unprepared copy of its model, whichever is STEP_MIN_SPEEDUP faster, and why. Timed as whole steps: a
-    streamed product's gain is that Inductor generates it together with the ops around it, which no product
-    timed alone shows. Judged by `paired_speedup`."""
-    kernels = replace(step.kernels, layout="streamed", head_layout="streamed", frozen=False)
-    twin.prepare_for_inference("streamed", rows, kernels.attention)
+    """`step` (compiled) or its streamed twin (`streamed_twin`) on `twin`, an unprepared copy of its model,
+    whichever is STEP_MIN_SPEEDUP faster, and why. Timed as whole steps: a streamed product's gain is that
+    Inductor generates it together with the ops around it, which no product timed alone shows. Judged by
+    `paired_speedup`."""
+    kernels = streamed_twin(step.kernels)
+    twin.prepare_for_inference(kernels.layout, rows, kernels.attention, kernels.head_layout)
     steps = {"chosen": step, "streamed": DecodeStep(twin, compile=True, kernels=kernels)}
     rounds = measure(steps, rows)
     speedup = paired_speedup(rounds["chosen"], rounds["streamed"])
@@ -120,7 +128,7 @@ def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = Fal
     given), and the decode step (`compile`). `int8`: the model's linears are already int8 (`quantize_int8`),
     whose kernel has no layout to choose.
 
-    A compiled step of a float model is then timed against the same step with every product streamed
+    A compiled step of a float model is then timed against the same step with the blocks' products streamed
     (model/streamed.py) and the clearly faster kept (`choose_streamed`); if that is the streamed one, the
     Decoder's model is a prepared copy of `model`."""
     notes = list(notes or [])

@@ -80,7 +80,7 @@ class Kernels:
 
     @property
     def name(self) -> str:
-        layout = lambda name: "frozen" if self.frozen and name != "packed" else name
+        layout = lambda name: "frozen" if self.frozen and name == "out_in" else name  # only plain ones freeze
         onednn = "" if self.onednn else ", without oneDNN"
         attention = f", {self.attention} attention" if self.attention else ""
         return f"head {layout(self.head_layout)}, blocks {layout(self.layout)}{onednn}{attention}"

@@ -18,7 +18,6 @@ from minigpt.model import attention as attention_module
 from minigpt.model.factory import build_model
 from minigpt.model.int8 import Int8Linear, quantize_int8
 from minigpt.model.packed import PackedLinear
-from minigpt.model.streamed import StreamedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -240,21 +239,28 @@ def test_prepare_for_decoding_measures_the_head_and_the_attention_for_the_batch(
 def test_a_compiled_step_is_streamed_where_whole_steps_say(chosen_s, streamed_s, streamed, monkeypatch):
     """Timed on whole steps, judged by the median of the rounds' ratios; eager steps and steps given their
     kernels are not timed at all."""
-    chosen = lambda m, rows, int8, compile: (Kernels("packed", "packed"), ["products packed"])
+    chosen_kernels = Kernels("packed", "packed", onednn=False, attention="math")
+    chosen = lambda m, rows, int8, compile: (chosen_kernels, ["products packed"])
     monkeypatch.setattr(decoder, "choose_kernels", chosen)
     seen = []
 
     def measure(steps, rows):
-        seen.append({name: (step.kernels, type(step.model.lm_head).__name__) for name, step in steps.items()})
+        kind = lambda module: type(module).__name__
+        seen.append({name: (step.kernels, kind(step.model.lm_head),
+                            kind(step.model.transformer.h[0].mlp.c_fc))
+                     for name, step in steps.items()})
         return {"chosen": chosen_s, "streamed": streamed_s}
 
     model = _tiny()
     prepared = decoder.prepare_for_decoding(model, batch_size=2, compile=True, measure_steps=measure)
-    assert seen == [{"chosen": (Kernels("packed", "packed"), "PackedLinear"),
-                     "streamed": (Kernels("streamed", "streamed"), "StreamedLinear")}]
-    assert (prepared.step.kernels.layout == "streamed") == streamed
+    # the twin: blocks streamed, the head plain and frozen, the step's oneDNN flag and attention
+    twin = Kernels("streamed", "out_in", onednn=False, attention="math", frozen=True)
+    assert twin.name == "head frozen, blocks streamed, without oneDNN, math attention"
+    assert seen == [{"chosen": (chosen_kernels, "PackedLinear", "PackedLinear"),
+                     "streamed": (twin, "Linear", "StreamedLinear")}]
+    assert prepared.step.kernels == (twin if streamed else chosen_kernels)
     assert (prepared.model is model) != streamed and prepared.step.model is prepared.model
-    assert isinstance(prepared.model.lm_head, StreamedLinear if streamed else PackedLinear)
+    assert isinstance(prepared.model.lm_head, torch.nn.Linear if streamed else PackedLinear)
     assert any(("step streamed" if streamed else "step as chosen") in note for note in prepared.notes)
     decoder.prepare_for_decoding(_tiny(), compile=False, measure_steps=measure)
     decoder.prepare_for_decoding(_tiny(), compile=True, kernels=DEFAULT, measure_steps=measure)

@@ -84,13 +84,16 @@ def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weig
 
 
 @pytest.mark.slow
-def test_a_streamed_step_decodes_what_the_eager_one_does() -> None:
-    """The products and the one-query attention as loops Inductor generates (model/streamed.py), batched and
-    verifying drafted tokens."""
+@pytest.mark.parametrize("head", ["streamed", "frozen"])
+def test_a_streamed_step_decodes_what_the_eager_one_does(head: str) -> None:
+    """The products and the one-query attention as loops Inductor generates (model/streamed.py), the head
+    streamed too or frozen (a streamed twin's, generation/decoder.py), batched and verifying drafted
+    tokens."""
     model = _model()
-    kernels = Kernels("streamed", "streamed", attention="streamed")
-    step = DecodeStep(model.prepare_for_inference("streamed", decode_attention="streamed"), compile=True,
-                      kernels=kernels)
+    kernels = Kernels("streamed", "streamed" if head == "streamed" else "out_in", attention="streamed",
+                      frozen=head == "frozen")
+    model.prepare_for_inference("streamed", decode_attention="streamed", head_layout=kernels.head_layout)
+    step = DecodeStep(model, compile=True, kernels=kernels)
     _decodes_as_eager(model, step, 20, 12)
     assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1)["streamed"])
 

@@ -3,10 +3,10 @@ between whole steps has to beat (`STEP_MIN_SPEEDUP` in generation/decoder.py).
 
 Shape W2 (generation.py's SHAPE, random weights), batch 1, per weights dtype with a streamed twin (float32,
 bfloat16): the kernels are chosen as `generate compile=true` chooses them, then four compiled steps are made,
-each on a copy of its own: the step as chosen twice ("chosen", "chosen again") and its streamed twin twice
-("streamed", "streamed again"). Three pairs are timed as the choice times a step and its twin (`time_steps`:
-interleaved rounds, their order alternating, after an eighth of the context) and reduced the same way
-(`paired_speedup`), `runs` times each:
+each on a copy of its own: the step as chosen twice ("chosen", "chosen again") and its streamed twin
+(`streamed_twin`) twice ("streamed", "streamed again"). Three pairs are timed as the choice times a step and
+its twin (`time_steps`: interleaved rounds, their order alternating, after an eighth of the context) and
+reduced the same way (`paired_speedup`), `runs` times each:
 
     chosen / chosen again       two equal steps: the spread the margin must stay above
     streamed / streamed again   the same for the streamed step
@@ -16,11 +16,10 @@ interleaved rounds, their order alternating, after an eighth of the context) and
 from __future__ import annotations
 
 import copy
-from dataclasses import replace
 
 import torch
 
-from minigpt.generation.decoder import STEP_MIN_SPEEDUP, paired_speedup, time_steps
+from minigpt.generation.decoder import STEP_MIN_SPEEDUP, paired_speedup, streamed_twin, time_steps
 from minigpt.generation.kernels import Kernels, choose_kernels
 from minigpt.generation.step import DecodeStep
 from minigpt.lab.bench.generation import SHAPE
@@ -53,7 +52,7 @@ def bench_step_spread(device: torch.device, *, runs: int = 5, compile: bool = Tr
         dtype = DTYPES[name]
         model = copy.deepcopy(base).to(dtype)
         kernels, _ = choose_kernels(model, 1, False, compile=True)
-        streamed = replace(kernels, layout="streamed", head_layout="streamed", frozen=False)
+        streamed = streamed_twin(kernels)
         steps = {"chosen": _step(model, kernels), "chosen again": _step(model, kernels),
                  "streamed": _step(model, streamed), "streamed again": _step(model, streamed)}
         ratios: dict[str, list[float]] = {f"{a} / {b}": [] for a, b in PAIRS}
