@@ -28,8 +28,10 @@ candidates are timed, and the fastest is used when it beats PyTorch's default by
                the other is packed (an operator Inductor does not touch).
 
 int8 weights (model/int8.py) have a kernel of their own; what is chosen for them is the dtype of the
-activations it multiplies (`choose_int8_activation_dtype`), whether a compiled step freezes them (Inductor has
-a weight-only int8 GEMM of its own; `choose_int8_products`), and the attention as above.
+activations it multiplies (`choose_int8_activation_dtype`) and the attention as above. Their compiled step is
+never frozen: with Inductor's own GEMMs in the running, a frozen 6 x 384 int8 step whose attention was `math`
+or `streamed` returned wrong logits (torch 2.13 on a CPU; docs/decoding.md), where its products timed alone
+were right, so no product timing could have caught it.
 
 Every measurement is injected in the tests (`measure=`), which check that the choice follows it.
 """
@@ -54,7 +56,7 @@ from minigpt.device.runtime import compile_problem
 from minigpt.model.attention import math_attention, sdpa_attention, streamed_attention
 from minigpt.model.config import ModelConfig
 from minigpt.model.gpt import GPT
-from minigpt.model.int8 import Int8Linear, has_packed_kernel, quantize_per_channel
+from minigpt.model.int8 import has_packed_kernel, quantize_per_channel
 from minigpt.model.packed import can_pack, pack, packed_linear
 
 # A candidate must beat the default by this factor to be chosen: the layouts and kernels that differ at all
@@ -354,19 +356,13 @@ def choose_attention(config: ModelConfig, dtype: torch.dtype, device: torch.devi
 
 def choose_kernels(model: GPT, rows: int, int8: bool, compile: bool = False,
                    measure_products: ProductMeasure = time_products,
-                   measure_attention: AttentionMeasure = time_attention,
-                   measure_int8_products: Int8ProductMeasure | None = None) -> tuple[Kernels, list[str]]:
+                   measure_attention: AttentionMeasure = time_attention) -> tuple[Kernels, list[str]]:
     """The kernels for decoding `rows` rows with `model` (`int8`: its linears are Int8Linear, whose product
-    has no layout to choose, only whether a compiled step freezes them; `compile`: the step will be
-    compiled), and one line per choice saying why."""
+    has no layout to choose; `compile`: the step will be compiled), and one line per choice saying why."""
     products, notes = DEFAULT, []
     if not int8:
         blocks = [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
         products, why = choose_products(model.lm_head.weight, blocks, rows, compile, measure_products)
-        notes.append(f"products {why}")
-    elif compile:
-        layers = [m for m in model.modules() if isinstance(m, Int8Linear)]
-        products, why = choose_int8_products(layers, rows, measure_int8_products or time_int8_products)
         notes.append(f"products {why}")
     table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
     attention, why = choose_attention(model.config, table.dtype, table.device, rows, products.onednn, compile,
@@ -411,30 +407,3 @@ def choose_int8_activation_dtype(
     if speedup >= MIN_SPEEDUP:
         return torch.bfloat16, f"bfloat16 activations: {measured} ({speedup:.2f}x)"
     return torch.float32, f"float32 activations: {measured} (bfloat16 not {MIN_SPEEDUP}x faster)"
-
-
-def time_int8_products(layers: list[Int8Linear], rows: int, frozen: tuple[bool, ...],
-                       repeats: int = 5) -> dict[bool, float]:
-    """Best seconds of `rows` rows through every layer of `layers`, one after the other, compiled as a CPU
-    step compiles them, with the weights frozen into the graph (True) or not (False)."""
-    xs = [torch.ones(rows, layer.in_features, dtype=layer.scale.dtype, device=layer.q.device)  # (rows, in)
-          for layer in layers]
-    calls = {flag: functools.partial(compiled_products(layers, flag), xs) for flag in frozen}
-    return interleaved_best(calls, repeats, xs[0].device)
-
-
-Int8ProductMeasure = Callable[[list[Int8Linear], int, tuple[bool, ...]], dict[bool, float]]
-
-
-def choose_int8_products(layers: list[Int8Linear], rows: int,
-                         measure: Int8ProductMeasure = time_int8_products) -> tuple[Kernels, str]:
-    """Whether a compiled step of an int8 model freezes its weights (Inductor then picks each product's
-    kernel, its own weight-only int8 GEMM among them), and why: frozen where timed MIN_SPEEDUP faster."""
-    device = layers[0].q.device if layers else torch.device("cpu")
-    if device.type != "cpu" or compile_problem(device) is not None:
-        return DEFAULT, f"int8 kernel: nothing to choose on {device.type}"
-    times = measure(layers, rows, (False, True))
-    measured = f"int8 kernel {times[False] * 1e3:.2f} ms, frozen {times[True] * 1e3:.2f} ms"
-    if times[False] / times[True] < MIN_SPEEDUP:
-        return DEFAULT, f"int8 kernel: {measured} (frozen not {MIN_SPEEDUP}x faster)"
-    return Kernels(frozen=True), f"frozen: {measured} ({times[False] / times[True]:.2f}x)"

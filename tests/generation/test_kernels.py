@@ -16,7 +16,7 @@ from minigpt.generation.kernels import DEFAULT, Kernels
 from minigpt.generation.step import DecodeStep
 from minigpt.model import attention as attention_module
 from minigpt.model.factory import build_model
-from minigpt.model.int8 import Int8Linear, quantize_int8
+from minigpt.model.int8 import quantize_int8
 from minigpt.model.packed import PackedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -298,21 +298,14 @@ def test_the_attention_is_timed_under_the_step_s_onednn_flag(onednn, monkeypatch
     assert not chosen.onednn and seen == [False]
 
 
-@pytest.mark.parametrize(("plain_s", "frozen_s", "frozen"), [(2.0, 1.0, True), (1.1, 1.0, False)])
-def test_an_int8_step_is_frozen_where_the_measurement_says(plain_s, frozen_s, frozen, monkeypatch) -> None:
+def test_an_int8_step_is_never_frozen(monkeypatch) -> None:
+    """Only the activations' dtype and the attention are chosen for int8 weights (the module docstring says
+    why)."""
     monkeypatch.setattr(kernels, "compile_problem", lambda device: None)
-    seen = []
-    measure = lambda layers, rows, flags: seen.append((len(layers), rows, flags)) or {False: plain_s,
-                                                                                      True: frozen_s}
     model = quantize_int8(_tiny(), torch.float32)
-    chosen, why = kernels.choose_kernels(model, 2, True, True, measure_int8_products=measure,
-                                         measure_attention=lambda *a: {"sdpa": 1.0, "math": 1.0})
-    assert chosen.frozen == frozen and seen == [(4 * 2 + 1, 2, (False, True))]  # 2 layers' 4, and the head
-    assert ("frozen:" in why[0]) == frozen
-    # not compiled: nothing to time
-    assert not kernels.choose_kernels(model, 2, True, False, measure_int8_products=measure,
-                                      measure_attention=lambda *a: {"sdpa": 1.0, "math": 1.0})[0].frozen
-    assert len(seen) == 1
+    attention = lambda *a: {"sdpa": 1.0, "math": 1.0, "streamed": 1.0}
+    chosen, why = kernels.choose_kernels(model, 2, True, True, measure_attention=attention)
+    assert chosen == Kernels(attention="sdpa") and len(why) == 1 and why[0].startswith("attention")
 
 
 @pytest.mark.slow
@@ -327,9 +320,6 @@ def test_compiled_products_are_the_products_and_are_timed() -> None:
         torch.testing.assert_close(got, x @ w.T, atol=1e-5, rtol=1e-5)
     times = kernels.time_products(matrices, 2, [OI, FZ], repeats=1)
     assert set(times) == {OI, FZ} and all(0 < t < math.inf for t in times.values())
-    int8 = [Int8Linear.from_linear(linear, torch.float32, packed_kernel=True) for linear in linears]
-    times = kernels.time_int8_products(int8, 2, (False, True), repeats=1)
-    assert set(times) == {False, True} and all(0 < t < math.inf for t in times.values())
 
 
 @pytest.mark.slow
