@@ -94,6 +94,12 @@ def _on_cpu(model: GPT) -> bool:
     return model.transformer.wte.weight.device.type == "cpu"
 
 
+def laid_out_step(model: GPT, kernels: Kernels, rows: int, compile: bool) -> DecodeStep:
+    """`model` laid out as `kernels` say for `rows` rows (GPT.prepare_for_inference), and its decode step."""
+    model.prepare_for_inference(kernels.layout, rows, kernels.attention, kernels.head_layout)
+    return DecodeStep(model, compile=compile, kernels=kernels)
+
+
 def streamed_twin(kernels: Kernels) -> Kernels:
     """The kernels of a step's streamed twin: the blocks' products streamed (model/streamed.py), each fused
     with the norm, activation or residual add around it; the head, which stands alone after the final norm
@@ -108,9 +114,7 @@ def choose_streamed(step: DecodeStep, twin: GPT, rows: int,
     whichever is STEP_MIN_SPEEDUP faster, and why. Timed as whole steps: a streamed product's gain is that
     Inductor generates it together with the ops around it, which no product timed alone shows. Judged by
     `paired_speedup`."""
-    kernels = streamed_twin(step.kernels)
-    twin.prepare_for_inference(kernels.layout, rows, kernels.attention, kernels.head_layout)
-    steps = {"chosen": step, "streamed": DecodeStep(twin, compile=True, kernels=kernels)}
+    steps = {"chosen": step, "streamed": laid_out_step(twin, streamed_twin(step.kernels), rows, compile=True)}
     rounds = measure(steps, rows)
     speedup = paired_speedup(rounds["chosen"], rounds["streamed"])
     median_ms = {name: statistics.median(seconds) * 1e3 for name, seconds in rounds.items()}
@@ -138,8 +142,7 @@ def prepare_for_decoding(model: GPT, *, batch_size: int = 1, compile: bool = Fal
         notes.extend(why)
     # the streamed twin, copied before any layout makes the model uncopyable (packed matrices are opaque)
     twin = copy.deepcopy(model) if measured and compile and not int8 and _on_cpu(model) else None
-    model.prepare_for_inference(kernels.layout, batch_size, kernels.attention, kernels.head_layout)
-    step = DecodeStep(model, compile=compile, kernels=kernels)
+    step = laid_out_step(model, kernels, batch_size, compile)
     if twin is not None and step.compiled:
         step, why = choose_streamed(step, twin, batch_size, measure_steps)
         notes.append(why)

@@ -162,6 +162,14 @@ def compile_options(device: torch.device) -> dict:
     return options
 
 
+def compile_own(fn: Callable, device: torch.device, dynamic: bool) -> Callable:
+    """`fn` compiled with `compile_options(device)` through a copy with a code object of its own: Dynamo keeps
+    graphs per code object, so no other caller of `fn` shares its graphs (generation/step.py says why that
+    matters once the modules' checks are skipped)."""
+    own = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__)
+    return torch.compile(own, dynamic=dynamic, options=compile_options(device))
+
+
 def frozen_inductor() -> AbstractContextManager:
     """Inductor's settings for compiling with the weights frozen (FROZEN_INDUCTOR), to enter around the calls
     that may compile."""
@@ -182,10 +190,9 @@ def compiled_products(layers: list[nn.Module], frozen: bool) -> Callable[[list[t
     them, frozen (FROZEN_INDUCTOR: Inductor chooses and times the kernels at the first call) or not: xs ->
     [layer(x)]. The function is a copy of its own, so no other set of layers shares its graphs."""
     modules = nn.ModuleList(layers)
-    own = types.FunctionType(_products.__code__.replace(), _products.__globals__)
     # Static shapes: a step's matrices are, and so is its input's width (what a dynamic `in` would not be)
     device = [*modules.parameters(), *modules.buffers()][0].device
-    compiled = torch.compile(own, dynamic=False, options=compile_options(device))
+    compiled = compile_own(_products, device, dynamic=False)
     settings = frozen_inductor() if frozen else contextlib.nullcontext()
 
     def call(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -298,12 +305,8 @@ def _attend_layers(attend: Callable, qs: list[torch.Tensor], ks: list[torch.Tens
 def attention_layers(backend: str, device: torch.device, compile: bool) -> Callable:
     """(qs, ks, vs) -> every layer's one-query attention by `backend`, eager or compiled as a step compiles
     it (dynamic shapes: one graph for every cache length; a function of its own, so its graphs are too)."""
-    attend = functools.partial(_attend_layers, _ATTEND[backend])
-    if not compile:
-        return attend
-    own = types.FunctionType(_attend_layers.__code__.replace(), _attend_layers.__globals__)
-    compiled = torch.compile(own, dynamic=True, options=compile_options(device))
-    return functools.partial(compiled, _ATTEND[backend])
+    attend_layers = compile_own(_attend_layers, device, dynamic=True) if compile else _attend_layers
+    return functools.partial(attend_layers, _ATTEND[backend])
 
 
 def time_attention(config: ModelConfig, dtype: torch.dtype, device: torch.device, rows: int,

@@ -37,13 +37,11 @@ later runs quicker), so compiling pays for long generations, not for a short sam
 from __future__ import annotations
 
 import logging
-import types
-from collections.abc import Callable
 
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.kernels import DEFAULT, Kernels, OneDNN, compile_options, frozen_inductor
+from minigpt.generation.kernels import DEFAULT, Kernels, OneDNN, compile_own, frozen_inductor
 from minigpt.model.kv_cache import KVCache
 
 log = logging.getLogger(__name__)
@@ -51,13 +49,6 @@ log = logging.getLogger(__name__)
 
 def _logits(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
     return model(tokens, kv_cache=cache)[0]  # (B, T, V)
-
-
-def _compiled_logits(device: torch.device) -> Callable:
-    """`_logits` compiled with dynamic shapes, its graphs its own and the checks of the modules' attributes
-    skipped where this torch can skip them (see the module docstring)."""
-    own = types.FunctionType(_logits.__code__.replace(), _logits.__globals__, _logits.__name__)
-    return torch.compile(own, dynamic=True, options=compile_options(device))
 
 
 class DecodeStep:
@@ -74,7 +65,8 @@ class DecodeStep:
         if problem:
             log.warning("compile=true: decoding eagerly, since %s", problem)
         self.compiled = compile and problem is None
-        self._forward = _compiled_logits(device) if self.compiled else _logits
+        # dynamic shapes, the graphs its own and the modules' checks skipped (see the module docstring)
+        self._forward = compile_own(_logits, device, dynamic=True) if self.compiled else _logits
         self._onednn = OneDNN(kernels.onednn)
         self._frozen = frozen_inductor() if self.compiled and kernels.frozen else None
 

@@ -19,7 +19,13 @@ import copy
 
 import torch
 
-from minigpt.generation.decoder import STEP_MIN_SPEEDUP, paired_speedup, streamed_twin, time_steps
+from minigpt.generation.decoder import (
+    STEP_MIN_SPEEDUP,
+    laid_out_step,
+    paired_speedup,
+    streamed_twin,
+    time_steps,
+)
 from minigpt.generation.kernels import Kernels, choose_kernels
 from minigpt.generation.step import DecodeStep
 from minigpt.lab.bench.generation import SHAPE
@@ -33,9 +39,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def _step(model: GPT, kernels: Kernels) -> DecodeStep:
     """A compiled step of its own copy of `model`, laid out as `kernels` say."""
-    own = copy.deepcopy(model)
-    own.prepare_for_inference(kernels.layout, 1, kernels.attention, kernels.head_layout)
-    return DecodeStep(own, compile=True, kernels=kernels)
+    return laid_out_step(copy.deepcopy(model), kernels, 1, compile=True)
 
 
 def bench_step_spread(device: torch.device, *, runs: int = 5, compile: bool = True, shape: dict | None = None,
