@@ -9,7 +9,7 @@ TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only bu
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
-	scaling device-wheels
+	scaling compare device-wheels
 
 # The `## ` comments are read from this file as text, so a variable named in one is filled in here.
 help: ## list the targets
@@ -98,6 +98,15 @@ scaling: SEEDS = 1
 scaling: install ## the SCALING sizes at one tokens-per-parameter ratio, a power law of val bpb vs FLOPs, checked on the largest; UPDATE_DOCS=1: also docs/scaling.md
 	$(call sweep,scaling,$(SCALING),$(SCALING_DIR))
 	$(PY) scripts/scaling.py sweep=$(SCALING_DIR) $(if $(UPDATE_DOCS),docs=true)
+
+# A comparison decided by paired seeds: CANDIDATE against BASELINE, each a space-separated list of overrides of
+# train.py (an experiment file, or keys), handed to scripts/compare.py as Hydra lists of quoted strings.
+BASELINE ?= experiment=speedrun/default
+CANDIDATE ?=
+override_list = [$(subst $() ,$(comma),$(foreach o,$(1),"$(o)"))]
+
+compare: install ## CANDIDATE vs BASELINE (train.py overrides), paired seeds until better/worse/equivalent (docs/comparisons.md)
+	$(PY) scripts/compare.py 'baseline=$(call override_list,$(BASELINE))' 'candidate=$(call override_list,$(CANDIDATE))' $(ARGS)
 
 # A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
 # matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in

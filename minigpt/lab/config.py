@@ -8,6 +8,7 @@
     SpeedrunConfig       scripts/speedrun.py        configs/speedrun.yaml        lab/speedrun.py
     AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
     ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
+    CompareConfig        scripts/compare.py         configs/compare.yaml         lab/compare*.py
 """
 
 from __future__ import annotations
@@ -137,3 +138,48 @@ class ScalingConfig:
     sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
     docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
     doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers
+
+
+COMPARE_MODES = ("quality", "speed", "simulate")
+
+
+@dataclass
+class CompareConfig:
+    """Root of `configs/compare.yaml` (`scripts/compare.py`): a baseline against a candidate, seeds until the
+    verdict (mode=quality), the same-losses-then-speed gate (mode=speed), or the sequential test's simulated
+    error rate and power (mode=simulate)."""
+
+    baseline: list[str] = field(default_factory=list)  # overrides of scripts/train.py; empty: the default run
+    candidate: list[str] = field(default_factory=list)
+    budget: list[str] = field(default_factory=list)  # overrides after each arm's; empty: the arms' own budget
+    mode: str = "quality"
+    name: str | None = None  # the comparison's name in reports; None: the candidate's overrides
+    out: str | None = None  # its folder; None: outputs/compare/<name>
+    metric: str = "bits_per_byte"  # or val_loss; lower is better
+    min_effect: float = 0.01  # the smallest difference that matters, in the metric's unit
+    alpha: float = 0.05  # the error rate of each verdict
+    max_pairs: int = 12  # the seed cap
+    first_seed: int = 1337
+    pairs_per_look: int = 1  # pairs trained before each look (in parallel with a cluster launcher)
+    prior_scale: float = 2.0  # the sequential test's tau (lab/compare_sequential.py)
+    side_by_side: bool = True  # train the two arms of a pair at once
+    threads: int | None = 1  # intra-op threads per run; None: one per core
+    train_args: list[str] = field(default_factory=list)  # more overrides of every run: hydra/launcher=...
+    steps: int = 50  # mode=speed: optimizer steps per run
+    repeats: int = 3  # mode=speed: runs per arm
+    tolerance: float = 0.0  # mode=speed: largest loss difference still "the same" (0: bit for bit)
+    docs: bool = False  # also merge into `results` and rewrite the block in `doc`
+    render: bool = False  # run nothing: rewrite the block in `doc` from `results`
+    results: str = "docs/comparisons.json"
+    doc: str = "docs/comparisons.md"
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPARE_MODES:
+            raise UserError(f"mode={self.mode!r} is not one of: {', '.join(COMPARE_MODES)}")
+        if self.mode != "simulate" and not self.render and not self.candidate:
+            raise UserError("candidate=[...] is empty: give the overrides of the config to compare, e.g. "
+                            "candidate=[experiment=speedrun/six_layers]")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
+        if self.tolerance < 0:
+            raise UserError(f"tolerance={self.tolerance} must be >= 0")
