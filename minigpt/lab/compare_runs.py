@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,26 +58,52 @@ def run_together(multiruns: list[Multirun], train_args: list[str],
     """Start every multirun at once, each with `threads` intra-op threads (OMP_NUM_THREADS; None: torch's
     default, one per core), and wait for all of them. Returns the runs that did not finish: (seed, run
     folder, log of its multirun)."""
+    return run_pool(multiruns, train_args, threads, jobs=max(len(multiruns), 1))
+
+
+def run_pool(multiruns: list[Multirun], train_args: list[str], threads: int | None, jobs: int,
+             on_finished: Callable[[int], None] | None = None) -> list[tuple[int, Path, Path]]:
+    """Run the multiruns `jobs` at a time, in order; `on_finished(i)` once multirun i has ended with every
+    run finished. Returns the runs that did not finish, as `run_together` does."""
     env = dict(os.environ)
     env.pop("HYDRA_FULL_ERROR", None)  # each run's errors in one line, in its log
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    processes = []
+    running: dict[int, subprocess.Popen] = {}
+    failed, waiting = [], list(range(len(multiruns)))
     try:
-        for m in multiruns:
-            m.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(m.log, "ab") as log:
-                processes.append(subprocess.Popen(m.command(train_args), stdout=log, stderr=subprocess.STDOUT,
-                                                  env=env, cwd=TRAIN_SCRIPT.parents[1]))
-        for p in processes:
-            p.wait()
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                i = waiting.pop(0)
+                running[i] = _start(multiruns[i], train_args, env)
+            i = _wait_any(running)
+            del running[i]
+            m = multiruns[i]
+            lost = [(seed, m.run_dir(seed), m.log) for seed in m.seeds if not finished(m.run_dir(seed))]
+            failed += lost
+            if not lost and on_finished is not None:
+                on_finished(i)
     finally:
-        for p in processes:  # a stop signal here (Ctrl-C) stops the runs too; they resume next time
-            if p.poll() is None:
-                p.terminate()
-                p.wait()
-    return [(seed, m.run_dir(seed), m.log) for m in multiruns for seed in m.seeds
-            if not finished(m.run_dir(seed))]
+        for p in running.values():  # a stop signal here (Ctrl-C) stops the runs too; they resume next time
+            p.terminate()
+            p.wait()
+    return failed
+
+
+def _start(m: Multirun, train_args: list[str], env: dict) -> subprocess.Popen:
+    m.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(m.log, "ab") as log:
+        return subprocess.Popen(m.command(train_args), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                cwd=TRAIN_SCRIPT.parents[1])
+
+
+def _wait_any(running: dict[int, subprocess.Popen]) -> int:
+    """The index of a process that has ended (waiting for the first to end)."""
+    while True:
+        for i, p in running.items():
+            if p.poll() is not None:
+                return i
+        time.sleep(0.5)
 
 
 def failure_line(run: Path, log: Path) -> str:

@@ -132,12 +132,37 @@ class AblationReportConfig:
 
 
 @dataclass
-class ScalingConfig:
-    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): the fit and check of a `make scaling` ladder."""
+class LadderProfile:
+    """One budget of the scaling ladder and the sizes (files of configs/experiment/scaling/) trained at it."""
 
-    sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
+    flops: float
+    sizes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScalingConfig:
+    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): train, fit and check a scaling ladder."""
+
+    profiles: list[LadderProfile] = field(default_factory=list)  # the IsoFLOP profiles the fit is made on
+    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(0.0))  # predicted, then trained
+    seeds: int = 2  # per point
+    first_seed: int = 1337
+    out: str = "outputs/scaling/ladder"  # the ladder's folder: run the command again to resume it
+    train: bool = True  # train what is missing; false: fit and report what is there
+    jobs: int = 2  # runs at once
+    threads: int | None = 1  # intra-op threads per run; None: one per core
+    train_args: list[str] = field(default_factory=list)  # more overrides of every run: hydra/launcher=...
+    bootstrap: int = 200  # refits for the intervals
     docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
     doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers
+
+    def __post_init__(self) -> None:
+        for key in ("seeds", "jobs", "bootstrap"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{key}={getattr(self, key)} must be at least 1")
+        if self.seeds < 2:
+            raise UserError(f"seeds={self.seeds}: a ladder point needs at least 2 seeds (their spread is "
+                            "part of what the fit must explain)")
 
 
 COMPARE_MODES = ("quality", "speed", "simulate")

@@ -208,6 +208,14 @@ def failed_jobs(sweep_dir: Path) -> list[dict]:
     return out
 
 
+def failed_note(failed: list[dict] | None) -> list[str]:
+    """A report's lines naming the jobs of its sweep that did not finish (their configs show fewer seeds)."""
+    if not failed:
+        return []
+    jobs = "; ".join(f"`{f['job']}`: {f['reason']}" for f in failed)
+    return ["", f"**Not in the table: {len(failed)} job(s) of the sweep did not finish** ({jobs})."]
+
+
 def finished(run: Path) -> bool:
     """Whether `run`'s last checkpoint was written at the end of its budget (not by a run that stopped)."""
     from minigpt.training.budget import Budget, parse_duration
