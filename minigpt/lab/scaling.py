@@ -100,22 +100,25 @@ def records(state: dict, held_out: bool) -> list[tuple[str, RunRecord]]:
 
 
 def train_points(points: list[Point], seeds: list[int], out: Path, state: dict, score, train_args: list[str],
-                 threads: int, jobs: int) -> None:
-    """Train and score every (point, seed) not in `state` yet, `jobs` at a time; each row saved at once.
-    Failed runs are named in `state` and in the error."""
+                 threads: int | None, jobs: int) -> None:
+    """Train and score every (point, seed) not in `state` yet: one multirun per point (its seeds one after
+    the other), `jobs` points at a time; each run's row saved as soon as its point is done. Failed runs are
+    named in `state` and in the error."""
     done = {(r["size"], r["budget"], r["seed"]) for r in state["runs"]}
-    todo = [(p, s) for p in points for s in seeds if (p.size, p.budget, s) not in done]
-    multiruns = [Multirun((f"experiment=scaling/{p.size}", f"trainer.max_flops={p.flops:g}"), (s,),
-                          p.folder(out), out / "logs" / f"{p.size}-flops{p.flops:.3g}-seed{s}.log",
-                          prefix=f"{p.size}_") for p, s in todo]
+    todo = [(p, tuple(s for s in seeds if (p.size, p.budget, s) not in done)) for p in points]
+    todo = [(p, missing) for p, missing in todo if missing]
+    multiruns = [Multirun((f"experiment=scaling/{p.size}", f"trainer.max_flops={p.flops:g}"), missing,
+                          p.folder(out), out / "logs" / f"{p.size}-flops{p.flops:.3g}.log",
+                          prefix=f"{p.size}_") for p, missing in todo]
 
-    def finished(m: Multirun, p: Point, seed: int) -> None:
-        row = dataclasses.asdict(score(m.run_dir(seed)))
-        state["runs"].append({"size": p.size, "held_out": p.held_out, **row})
+    def finished(i: int) -> None:
+        point, missing = todo[i]
+        for seed in missing:
+            row = dataclasses.asdict(score(multiruns[i].run_dir(seed)))
+            state["runs"].append({"size": point.size, "held_out": point.held_out, **row})
         save_state(out / STATE, state)
 
-    failed = run_pool(multiruns, train_args, threads, jobs,
-                      on_finished=lambda i: finished(multiruns[i], *todo[i]))
+    failed = run_pool(multiruns, train_args, threads, jobs, on_finished=finished)
     state["failed"] = [{"run": str(run), "reason": failure_line(run, log)} for _, run, log in failed]
     save_state(out / STATE, state)
     if failed:
