@@ -111,7 +111,7 @@ def fit_law(n, d, loss, extra_starts: tuple[np.ndarray, ...] = ()) -> LossLaw:
     best = None
     for x0 in [*extra_starts, *grid_starts(log_n, log_d, loss)[:POLISHED]]:
         res = optimize.minimize(_loss, x0, args=(log_n, log_d, np.log(loss)), jac=True, method="L-BFGS-B",
-                                bounds=bounds)
+                                bounds=bounds, options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 2000})
         if best is None or res.fun < best.fun:
             best = res
     a, b, e, alpha, beta = _params(best.x)
