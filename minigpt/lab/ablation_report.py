@@ -40,6 +40,7 @@ from minigpt.lab.runs import budget_unit, failed_jobs, failed_note, machines, pe
 from minigpt.lab.stats import ALPHA, Interval, Paired, mean_interval, paired_comparison
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+UNTESTED = "; *1 seed: no test*: one difference has no spread to judge it by"  # said where a row has one
 BASELINE = "baseline"
 CONTINUATION_CHARS = 40  # continuations are cut to this many characters in the table
 SPREAD_RATIO = 4.0  # a row whose interval is this many times the baseline's says its seeds disagree
@@ -230,8 +231,8 @@ def render_block(report: dict, figure: str) -> str:
         f"({base.scored_bytes:,} bytes), in eval mode (causal); mean ± 95% interval over the seeds (Student "
         "t); Δ: the mean difference of val loss from the baseline run of the same seed, ± its 95% interval, "
         f"with the two-sided p-value of the paired t-test (*noise*: p ≥ {ALPHA}, not distinguishable from "
-        "the baseline by these seeds; *1 seed: no test*: one difference has no spread to judge it by); the "
-        "other columns: means over the seeds (geometric for gradient norms). On these "
+        f"the baseline{UNTESTED if any(r.versus and not r.versus.tested for r in rows) else ''}); the other "
+        "columns: means over the seeds (geometric for gradient norms). On these "
         "tokens a uniform guess scores "
         f"ln V = {ref['uniform']:.2f} nats/token and the train split's unigram frequencies, which ignore the "
         f"input, {ref['unigram']:.2f}. Continuations (of the first seed's run) start from the first "

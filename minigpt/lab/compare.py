@@ -31,7 +31,7 @@ from pathlib import Path
 from minigpt.errors import UserError
 from minigpt.lab.compare_runs import Multirun, check_not_a_sweep, failure_line, run_together
 from minigpt.lab.compare_sequential import Verdict, decide
-from minigpt.lab.runs import RunRecord
+from minigpt.lab.runs import RunRecord, finished
 
 log = logging.getLogger(__name__)
 
@@ -198,8 +198,10 @@ def next_seeds(state: dict, first_seed: int, schedule: Schedule) -> dict[str, li
 
 def train_group(spec: Spec, schedule: Schedule, out: Path, todo: dict[str, list[int]],
                 group: int) -> list[tuple[int, Path, Path]]:
-    """Train the runs of `todo`: both arms at once, or one after the other (which one first alternates).
-    Returns those that did not finish: (seed, run folder, log)."""
+    """Train the runs of `todo` not finished yet (one finished before a stop is only scored: resuming it
+    would be refused): both arms at once, or one after the other (which one first alternates). Returns
+    those that did not finish: (seed, run folder, log)."""
+    todo = {arm: [s for s in seeds if not finished(out / arm / f"seed{s}")] for arm, seeds in todo.items()}
     multiruns = [Multirun(spec.arm(arm), tuple(todo[arm]), out / arm,
                           out / "logs" / f"{arm}-seed{todo[arm][0]}.log") for arm in ARMS if todo[arm]]
     batches = [multiruns] if schedule.side_by_side else [[m] for m in multiruns[:: -1 if group % 2 else 1]]

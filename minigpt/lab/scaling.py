@@ -32,7 +32,7 @@ import numpy as np
 
 from minigpt.errors import UserError
 from minigpt.lab.compare_runs import Multirun, failure_line, run_pool
-from minigpt.lab.runs import RunRecord, budget_label
+from minigpt.lab.runs import RunRecord, budget_label, finished
 from minigpt.lab.scaling_fit import LossLaw, bootstrap, fit_law, interval
 
 STATE = "ladder.json"
@@ -105,20 +105,27 @@ def train_points(points: list[Point], seeds: list[int], out: Path, state: dict, 
     the other), `jobs` points at a time; each run's row saved as soon as its point is done. Failed runs are
     named in `state` and in the error."""
     done = {(r["size"], r["budget"], r["seed"]) for r in state["runs"]}
+    for p in points:  # finished before the ladder was stopped, not yet scored: a resumed run would refuse
+        for seed in seeds:
+            if (p.size, p.budget, seed) not in done and finished(p.run_dir(out, seed)):
+                state["runs"].append({"size": p.size, "held_out": p.held_out,
+                                      **dataclasses.asdict(score(p.run_dir(out, seed)))})
+                done.add((p.size, p.budget, seed))
+                save_state(out / STATE, state)
     todo = [(p, tuple(s for s in seeds if (p.size, p.budget, s) not in done)) for p in points]
     todo = [(p, missing) for p, missing in todo if missing]
     multiruns = [Multirun((f"experiment=scaling/{p.size}", f"trainer.max_flops={p.flops:g}"), missing,
                           p.folder(out), out / "logs" / f"{p.size}-flops{p.flops:.3g}.log",
                           prefix=f"{p.size}_") for p, missing in todo]
 
-    def finished(i: int) -> None:
+    def trained(i: int) -> None:
         point, missing = todo[i]
         for seed in missing:
             row = dataclasses.asdict(score(multiruns[i].run_dir(seed)))
             state["runs"].append({"size": point.size, "held_out": point.held_out, **row})
         save_state(out / STATE, state)
 
-    failed = run_pool(multiruns, train_args, threads, jobs, on_finished=finished)
+    failed = run_pool(multiruns, train_args, threads, jobs, on_finished=trained)
     state["failed"] = [{"run": str(run), "reason": failure_line(run, log)} for _, run, log in failed]
     save_state(out / STATE, state)
     if failed:
@@ -153,7 +160,7 @@ def predict(law: LossLaw, fits: list[tuple[LossLaw, np.ndarray]], n: float, d: f
     noisy = [c * float(np.exp(rng.choice(res, size=seeds).mean()))
              for c, (_, res) in zip(centre, fits, strict=True)]
     return {"params": n, "tokens": d, "predicted": float(law(n, d)),
-            "law_interval": interval(centre, CONFIDENCE), "interval": interval(noisy, CONFIDENCE)}
+            "law_interval": list(interval(centre, CONFIDENCE)), "interval": list(interval(noisy, CONFIDENCE))}
 
 
 def planned_shape(point: Point, rows: list[tuple[str, RunRecord]]) -> tuple[int, int]:
