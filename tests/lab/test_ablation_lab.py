@@ -191,7 +191,7 @@ def test_report_refuses_a_folder_without_runs_or_without_a_baseline(tmp_path, ca
     empty = tmp_path / "empty"
     empty.mkdir()
     run = run_script("ablation_report", [f"sweep={empty}"], capsys)
-    assert run.code == 2 and len(run.err_lines) == 1 and "no trained runs" in run.err_lines[0]
+    assert run.code == 2 and len(run.err_lines) == 1 and "no finished runs" in run.err_lines[0]
     meta = tmp_path / "sweep" / "0_no_causal_mask" / "checkpoints" / "last" / "meta.json"
     meta.parent.mkdir(parents=True)
     meta.write_text(json.dumps({"format_version": 1, "config": {"run_name": "no_causal_mask"}}))
