@@ -58,6 +58,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from minigpt.lab.stats import Interval
+
 ALPHA = 0.05
 PRIOR_SCALE = 2.0  # tau: paired seed differences of two configs are often several of their sds apart
 
@@ -82,21 +84,11 @@ def t_boundary(n: int, alpha: float = ALPHA, prior_scale: float = PRIOR_SCALE) -
 
 
 @dataclass(frozen=True)
-class ConfidenceSequence:
-    """CS_n over the first `n` paired differences: mean ± half_width."""
+class ConfidenceSequence(Interval):
+    """CS_n over the first `n` paired differences: mean ± half_width (inf while it cannot exclude anything
+    yet)."""
 
-    n: int
-    mean: float
     sd: float  # of the differences (n - 1 in the divisor); NaN below 2
-    half_width: float  # inf while the sequence cannot exclude anything yet
-
-    @property
-    def low(self) -> float:
-        return self.mean - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.mean + self.half_width
 
     def text(self, digits: int = 3) -> str:
         """`+0.093 (+0.041 to +0.145)`, or `+0.093 (no interval yet)`."""
@@ -113,9 +105,9 @@ def confidence_sequence(diffs: list[float], alpha: float = ALPHA,
         raise ValueError("no differences")
     mean = math.fsum(diffs) / n
     if n < 2:
-        return ConfidenceSequence(1, mean, math.nan, math.inf)
+        return ConfidenceSequence(mean, math.inf, 1, math.nan)
     sd = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1))
-    return ConfidenceSequence(n, mean, sd, t_boundary(n, alpha, prior_scale) * sd / math.sqrt(n))
+    return ConfidenceSequence(mean, t_boundary(n, alpha, prior_scale) * sd / math.sqrt(n), n, sd)
 
 
 @dataclass(frozen=True)

@@ -194,7 +194,9 @@ def test_report_refuses_a_folder_without_runs_or_without_a_baseline(tmp_path, ca
     assert run.code == 2 and len(run.err_lines) == 1 and "no finished runs" in run.err_lines[0]
     meta = tmp_path / "sweep" / "0_no_causal_mask" / "checkpoints" / "last" / "meta.json"
     meta.parent.mkdir(parents=True)
-    meta.write_text(json.dumps({"format_version": 1, "config": {"run_name": "no_causal_mask"}}))
+    (tmp_path / "sweep" / "0_no_causal_mask" / ".hydra").mkdir()  # a finished job: its whole 1-step budget
+    meta.write_text(json.dumps({"format_version": 1, "step": 1, "tokens_seen": 8, "config": {
+        "run_name": "no_causal_mask", "trainer": {"max_steps": 1}}}))
     run = run_script("ablation_report", [f"sweep={tmp_path / 'sweep'}"], capsys)
     assert run.code == 2 and len(run.err_lines) == 1 and "no baseline run first" in run.err_lines[0]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0_no_causal_mask"]  # nothing written
