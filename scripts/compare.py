@@ -1,4 +1,4 @@
-"""Compare a candidate with a baseline: `python scripts/compare.py candidate=[...] [key=value ...]`.
+"""Compare a candidate with a baseline: `make compare CANDIDATE="..." ARGS="key=value ..."`.
 
     mode=quality    paired seeds, the two arms side by side, until the sequential test decides: better,
                     worse, equivalent within ±min_effect, or undecided at max_pairs (minigpt/lab/compare.py);
@@ -7,9 +7,11 @@
                     (bit for bit, or within `tolerance`), and only then the speed (lab/compare_speed.py)
     mode=simulate   the sequential test's error rate and power on simulated paired differences
 
-    python scripts/compare.py candidate=[experiment=speedrun/six_layers]              # against the default
-    python scripts/compare.py baseline=[experiment=ablation/baseline] candidate=[experiment=ablation/qk_norm]
-    python scripts/compare.py candidate=[experiment=speedrun/modern] docs=true        # + docs/comparisons.md
+    make compare CANDIDATE="experiment=speedrun/six_layers"                # against the default run
+    python scripts/compare.py 'candidate=["experiment=speedrun/six_layers"]'   # the same (Hydra wants the
+                                                                           # quotes: the overrides hold =)
+    make compare BASELINE="experiment=ablation/baseline" CANDIDATE="experiment=ablation/qk_norm"
+    make compare CANDIDATE="experiment=speedrun/modern" ARGS="docs=true"   # + docs/comparisons.md
 
 Both arms are composed here first (a misspelled key is refused before anything trains) and must share one
 budget of work. Bad input ends with one line on stderr and exit code 2.
@@ -64,6 +66,9 @@ def main(cfg: DictConfig) -> None:
         return print(compare_report.render_into(doc, results_path))
     if c.docs:  # refused now rather than after hours of training
         compare_report.write_doc(doc, compare_report.BEGIN, compare_report.END, None)
+    if not c.candidate:
+        raise UserError("candidate=[...] is empty: give the overrides of the config to compare, e.g. "
+                        "'candidate=[\"experiment=speedrun/six_layers\"]' (or make compare CANDIDATE=...)")
     name = c.name or " ".join(c.candidate)
     out = Path(c.out or Path("outputs/compare") / re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_"))
     trainers = [trainer_of(arm, [*overrides, *c.budget]) for arm, overrides in

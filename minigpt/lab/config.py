@@ -143,8 +143,13 @@ class LadderProfile:
 class ScalingConfig:
     """Root of `configs/scaling.yaml` (`scripts/scaling.py`): train, fit and check a scaling ladder."""
 
-    profiles: list[LadderProfile] = field(default_factory=list)  # the IsoFLOP profiles the fit is made on
-    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(0.0))  # predicted, then trained
+    # the IsoFLOP profiles the fit is made on: each spans under 1 to 10-60 tokens per parameter
+    profiles: list[LadderProfile] = field(default_factory=lambda: [
+        LadderProfile(6e11, ["w016", "w032", "w048", "w064"]),
+        LadderProfile(1.5e12, ["w016", "w032", "w048", "w064", "w096"]),
+        LadderProfile(4e12, ["w032", "w048", "w064", "w096"])])
+    # predicted from the profiles' fit, then trained: twice the largest profile's compute
+    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(8e12, ["w064"]))
     seeds: int = 2  # per point
     first_seed: int = 1337
     out: str = "outputs/scaling/ladder"  # the ladder's folder: run the command again to resume it
@@ -174,7 +179,8 @@ class CompareConfig:
     verdict (mode=quality), the same-losses-then-speed gate (mode=speed), or the sequential test's simulated
     error rate and power (mode=simulate)."""
 
-    baseline: list[str] = field(default_factory=list)  # overrides of scripts/train.py; empty: the default run
+    # overrides of scripts/train.py; the default: the default run at the speedrun's FLOPs budget
+    baseline: list[str] = field(default_factory=lambda: ["experiment=speedrun/default"])
     candidate: list[str] = field(default_factory=list)
     budget: list[str] = field(default_factory=list)  # overrides after each arm's; empty: the arms' own budget
     mode: str = "quality"
@@ -201,9 +207,6 @@ class CompareConfig:
     def __post_init__(self) -> None:
         if self.mode not in COMPARE_MODES:
             raise UserError(f"mode={self.mode!r} is not one of: {', '.join(COMPARE_MODES)}")
-        if self.mode != "simulate" and not self.render and not self.candidate:
-            raise UserError("candidate=[...] is empty: give the overrides of the config to compare, e.g. "
-                            "candidate=[experiment=speedrun/six_layers]")
         if self.threads is not None and self.threads < 1:
             raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
         if self.tolerance < 0:
