@@ -145,3 +145,13 @@ def test_a_damaged_file_in_a_sweep_is_one_line_naming_it(sweep: Path, tmp_path: 
     run = run_script("speedrun", [f"sweep={folder}"], capsys)
     one_line_refusal(run, str(folder / damaged.replace("/meta.json", "")))
     assert snapshot(tmp_path) == before
+
+
+def test_a_damaged_comparison_file_is_one_line_and_kept(tmp_path: Path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "compare.json").write_text('{"runs": [')
+    before = snapshot(tmp_path)
+    run = run_script("compare", ["candidate=['experiment=speedrun/six_layers']", f"out={out}"], capsys)
+    one_line_refusal(run, "compare.json is not a comparison's results file")
+    assert snapshot(tmp_path) == before
