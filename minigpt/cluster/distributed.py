@@ -31,10 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minigpt.cluster import peers
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.errors import UserError
-from minigpt.training import peers
-from minigpt.training.config import STRATEGIES
-from minigpt.training.dist_env import DistEnv
 
 log = logging.getLogger(__name__)
 # A collective that waits longer than this is a hang (a rank died or took another code path). torch's default
@@ -169,9 +168,10 @@ def main_process_first(env: DistEnv) -> Iterator[None]:
 def wrap_model(model: nn.Module, strategy: str, env: DistEnv, device: torch.device) -> nn.Module:
     """The module the training steps run through: `model` itself (one process), DDP around it, or `model`
     sharded in place by FSDP2. Load weights into `model` before calling this; build the optimizer after it
-    (FSDP replaces the parameters by sharded DTensors)."""
-    if strategy not in STRATEGIES:
-        raise UserError(f"trainer.strategy={strategy!r} is not one of: {', '.join(STRATEGIES)}")
+    (FSDP replaces the parameters by sharded DTensors). `strategy` is ddp or fsdp (trainer.strategy, which
+    the training config checks)."""
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"unknown strategy {strategy!r}")
     if not env.enabled:
         return model
     if strategy == "ddp":

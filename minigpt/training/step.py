@@ -13,11 +13,11 @@ from collections.abc import Callable
 
 import torch
 
+from minigpt.cluster import distributed
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.device.runtime import Runtime
 from minigpt.errors import UserError
-from minigpt.training import distributed
 from minigpt.training.config import TrainerConfig
-from minigpt.training.dist_env import DistEnv
 
 log = logging.getLogger(__name__)
 

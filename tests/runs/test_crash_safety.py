@@ -25,8 +25,8 @@ from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model, resolve_checkpoint
 from minigpt.errors import UserError
 from minigpt.model.gpt import GPT
+from minigpt.runs.train import train
 from minigpt.training import trainer as trainer_module
-from minigpt.training.trainer import train
 
 STEPS = 8
 RUN_OVERRIDES = (f"trainer.max_steps={STEPS}", "trainer.ckpt_every=2", "trainer.eval_every=4",

@@ -1,4 +1,4 @@
-"""Resume compares the new config with the checkpoint's (training/same_run.py): another run (model, tokenizer,
+"""Resume compares the new config with the checkpoint's (runs/same_run.py): another run (model, tokenizer,
 data) is refused naming every differing key -- through the CLI in project/test_errors.py --, a new course
 (batch, schedule horizon, lr) is allowed with one warning line per key saying what it changes, its lr numbers
 checked against the schedule's formula written out here."""
@@ -14,8 +14,8 @@ from conftest import fast_overrides
 
 from minigpt.data.prepare import NOT_SHAPING
 from minigpt.errors import UserError
+from minigpt.runs.same_run import compare, flat, kind_of
 from minigpt.training.config import TrainConfig
-from minigpt.training.same_run import compare, flat, kind_of
 
 
 def test_every_key_has_a_kind_and_the_identity_keys_are_model_tokenizer_and_data():

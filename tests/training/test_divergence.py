@@ -18,8 +18,8 @@ from conftest import fast_overrides
 from safetensors.torch import load_file
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.inspect.perplexity import format_perplexity
-from minigpt.training.dist_env import DistEnv
 from minigpt.training.step import DivergenceError, DivergenceGuard
 
 
