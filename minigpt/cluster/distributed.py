@@ -286,14 +286,3 @@ def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
         whole = build_model(model.config)
     whole.load_state_dict(weights)
     return whole
-
-
-def check_resume_world_size(saved: int, env: DistEnv, path: object) -> None:
-    """Refuse to resume a checkpoint written by another number of processes: every rank's position in its own
-    data stream is part of the saved state, and tokens per step scale with the process count."""
-    if saved == env.world_size:
-        return
-    how = ("plain `python scripts/train.py`" if saved == 1
-           else f"`torchrun --nproc_per_node={saved} scripts/train.py ...` or `make train-ddp NPROC={saved}`")
-    raise UserError(f"checkpoint {path} was written by {saved} process(es) but this run has "
-                    f"{env.world_size}; resume it with {saved} (launch with {how})")

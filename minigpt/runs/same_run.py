@@ -15,6 +15,9 @@ Every key of the config falls in one of three kinds:
     neither    where and how it runs or reports (device.*, logging.*, eval_every, ckpt_every, strategy, ...):
                silent.
 
+The run's number of processes must be the checkpoint's (`check_world_size`): every rank's position in its
+own data stream is part of the saved state.
+
 The checkpoint's config is meta.json's `config`; a key it predates means its default. The keys cannot show
 the corpus' own content: the run prepares its data expecting the checkpoint's corpus (`corpus_of`), so a
 changed corpus is refused before anything is prepared for it (`corpus_changed` says so), and `check_data`
@@ -29,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from minigpt.checkpoint.format import TOKENIZER_HASHES, read_meta
-from minigpt.cluster import distributed
 from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.prepare import NOT_SHAPING, PreparedData
 from minigpt.data.verify import TOKENIZER_DIR, folder_digests
@@ -56,7 +58,7 @@ def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> 
     if resume_from is None:
         return None
     meta = read_meta(resume_from)
-    distributed.check_resume_world_size(meta.get("world_size", 1), env, resume_from)
+    check_world_size(meta.get("world_size", 1), env, resume_from)
     tc = cfg.trainer
     block = cfg.model.block_size
     tokens = tc.batch_size * block * env.world_size * grad_accum_steps(tc, block, env.world_size)
@@ -73,6 +75,17 @@ def corpus_of(meta: dict[str, Any] | None) -> str | None:
     """The fingerprint of the corpus a checkpoint (its meta.json) was trained on; None: no checkpoint, or
     one that predates fingerprints."""
     return ((meta or {}).get("data") or {}).get("fingerprint")
+
+
+def check_world_size(saved: int, env: DistEnv, path: object) -> None:
+    """Refuse to resume a checkpoint written by another number of processes: every rank's position in its own
+    data stream is part of the saved state, and tokens per step scale with the process count."""
+    if saved == env.world_size:
+        return
+    how = ("plain `python scripts/train.py`" if saved == 1
+           else f"`torchrun --nproc_per_node={saved} scripts/train.py ...` or `make train-ddp NPROC={saved}`")
+    raise UserError(f"checkpoint {path} was written by {saved} process(es) but this run has "
+                    f"{env.world_size}; resume it with {saved} (launch with {how})")
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
