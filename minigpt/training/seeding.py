@@ -3,12 +3,15 @@
 One seed for the weights on every rank (`seed_everything`), then a dropout stream per rank
 (`seed_rank_stream`); the state of every stream is saved in each checkpoint (`rng_state`) and put back when
 the run is resumed (`set_rng_state`), so a resumed run draws exactly what it would have drawn. The loader
-draws its batches from a generator of its own (data/loader.py, also per rank), and sampling during training
-uses its own seeded generator (sampling/decode.py), so neither touches these.
+draws its batches from a generator of its own (data/loader.py, also per rank), sampling during training uses
+its own seeded generator (sampling/decode.py), and the divergence guard's probe, which runs in training mode
+between steps, draws its dropout from copies of the streams (`forked_random_streams`): none of them shifts
+these.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any
 
@@ -74,6 +77,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
             torch.cuda.set_rng_state_all(cuda)
         else:
             torch.cuda.set_rng_state(cuda)
+
+
+def forked_random_streams(device: torch.device) -> contextlib.AbstractContextManager:
+    """Inside: torch's random streams on the CPU and on `device` are copies, so whatever is drawn there leaves
+    the run's own streams as they were (the divergence guard's probe in training mode draws dropout)."""
+    if device.type == "cpu":
+        return torch.random.fork_rng(devices=[])
+    return torch.random.fork_rng(devices=[device], device_type=device.type)
 
 
 def _as_tuple(x: Any) -> Any:

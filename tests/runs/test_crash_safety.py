@@ -172,12 +172,13 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(make_train_cf
 
 
 def _nan_loss_at(monkeypatch, steps: set[int]) -> None:
-    """Make the model's loss NaN during the given optimizer steps (1-based; one micro-batch per step)."""
+    """Make the model's loss NaN during the given optimizer steps (1-based; one micro-batch per step). A
+    step's forward builds a graph; the divergence guard's probe runs in training mode too, but without."""
     real_forward, calls = GPT.forward, [0]
 
     def forward(self, idx, targets=None, **kwargs):
         logits, loss = real_forward(self, idx, targets, **kwargs)
-        if targets is not None and self.training:
+        if targets is not None and self.training and torch.is_grad_enabled():
             calls[0] += 1
             if calls[0] in steps:
                 loss = loss * float("nan")
