@@ -254,13 +254,10 @@ def _leave_the_logs_to_rank0() -> None:
 def leave_process(code: int) -> NoReturn:
     """End a rank of a distributed run that has left its process group: flush, then `os._exit(code)`.
 
-    Once DDP has used a gloo process group, that group outlives `destroy_process_group` (its worker threads
-    keep running), and Python's shutdown then tears them down under a race: now and then the process aborts
-    with "terminate called without an active exception" (exit -6) after everything went well. Measured with
-    a bare 2-rank gloo DDP script, torch 2.13 CPU: 7 exits in 350; with os._exit, none in 350. torchrun then
-    reports a finished run as failed, and the other nodes wait 5 minutes for it in torchrun's exit barrier.
-    By now the checkpoints, TensorBoard events and the run lock are written and closed (the trainer's `with`
-    blocks), so skipping the interpreter's shutdown loses nothing once the logs and the console are flushed.
+    Once DDP has used a gloo process group, that group outlives `destroy_process_group`, and Python's shutdown
+    can then abort a process that did everything right, which torchrun reports as a failed run
+    (docs/clusters.md, "How a rank ends"). By now the checkpoints, TensorBoard events and the run lock are
+    written and closed, so skipping the interpreter's shutdown loses nothing once the logs are flushed.
     """
     logging.shutdown()
     sys.stdout.flush()

@@ -1,6 +1,6 @@
 """How a rank of a distributed run ends: `os._exit` with its exit code, after its output is flushed.
 
-Python's shutdown can abort a process whose gloo process group DDP has used (launch.leave_process says why),
+Python's shutdown can abort a process whose gloo process group DDP has used (docs/clusters.md says why),
 so the ranks skip it. What skipping it must not lose is checked against a real process: a pipe's stdout is
 block-buffered, and a plain `os._exit` drops what is still in the buffer.
 """
