@@ -83,9 +83,11 @@ def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig) -> dic
     """Check that checkpoint `path` fits this run, load its weights into the (not yet wrapped) model, and
     return the rest of its state for `restore`."""
     meta = ckpt.read_meta(path)
-    # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then
+    # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then; the
+    # run's own keys (RUN_KEYS: dropout, the attention backend) are how it trains, not what the weights are
     saved = {**dataclasses.asdict(ModelConfig()), **(meta.get("model_config") or {})}
-    if saved != dataclasses.asdict(model.config):
+    mine = dataclasses.asdict(model.config)
+    if any(saved[key] != mine[key] for key in mine if key not in RUN_KEYS):
         raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
                         "same model=... overrides (see its meta.json)")
     tc = cfg.trainer
