@@ -9,7 +9,7 @@ rewrites its block between the scaling markers.
 
     python scripts/scaling.py                                  # train what is missing, fit, report
     python scripts/scaling.py out=outputs/scaling/ladder docs=true
-    python scripts/scaling.py train=false                      # refit what is there
+    python scripts/scaling.py train=false                      # score what finished, refit
 
 Every finished run is a row of `<out>/ladder.json` at once, so the same command resumes a stopped ladder.
 Bad input ends with one line on stderr and exit code 2, before anything is trained.

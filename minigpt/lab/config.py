@@ -143,17 +143,17 @@ class LadderProfile:
 class ScalingConfig:
     """Root of `configs/scaling.yaml` (`scripts/scaling.py`): train, fit and check a scaling ladder."""
 
-    # the IsoFLOP profiles the fit is made on: each spans under 1 to 10-60 tokens per parameter
+    # the IsoFLOP profiles the fit is made on: each spans under 1 to 6-33 tokens per parameter
     profiles: list[LadderProfile] = field(default_factory=lambda: [
+        LadderProfile(3e11, ["w016", "w032", "w048"]),
         LadderProfile(6e11, ["w016", "w032", "w048", "w064"]),
-        LadderProfile(1.5e12, ["w016", "w032", "w048", "w064", "w096"]),
-        LadderProfile(4e12, ["w032", "w048", "w064", "w096"])])
+        LadderProfile(1.5e12, ["w016", "w032", "w048", "w064", "w096"])])
     # predicted from the profiles' fit, then trained: twice the largest profile's compute
-    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(8e12, ["w064"]))
+    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(3e12, ["w048"]))
     seeds: int = 2  # per point
     first_seed: int = 1337
     out: str = "outputs/scaling/ladder"  # the ladder's folder: run the command again to resume it
-    train: bool = True  # train what is missing; false: fit and report what is there
+    train: bool = True  # train what is missing; false: score the finished runs, fit and report
     jobs: int = 2  # runs at once
     threads: int | None = 1  # intra-op threads per run; None: one per core
     train_args: list[str] = field(default_factory=list)  # more overrides of every run: hydra/launcher=...

@@ -99,19 +99,26 @@ def records(state: dict, held_out: bool) -> list[tuple[str, RunRecord]]:
     return [(r["size"], RunRecord(**_record_fields(r))) for r in state["runs"] if r["held_out"] == held_out]
 
 
-def train_points(points: list[Point], seeds: list[int], out: Path, state: dict, score, train_args: list[str],
-                 threads: int | None, jobs: int) -> None:
-    """Train and score every (point, seed) not in `state` yet: one multirun per point (its seeds one after
-    the other), `jobs` points at a time; each run's row saved as soon as its point is done. Failed runs are
-    named in `state` and in the error."""
+def score_finished(points: list[Point], seeds: list[int], out: Path, state: dict, score) -> set:
+    """Score every finished run of `points` not in `state` yet (trained before the ladder was stopped, or by
+    hand: a resumed finished run would refuse); returns the (size, budget, seed) of every scored run."""
     done = {(r["size"], r["budget"], r["seed"]) for r in state["runs"]}
-    for p in points:  # finished before the ladder was stopped, not yet scored: a resumed run would refuse
+    for p in points:
         for seed in seeds:
             if (p.size, p.budget, seed) not in done and finished(p.run_dir(out, seed)):
                 state["runs"].append({"size": p.size, "held_out": p.held_out,
                                       **dataclasses.asdict(score(p.run_dir(out, seed)))})
                 done.add((p.size, p.budget, seed))
                 save_state(out / STATE, state)
+    return done
+
+
+def train_points(points: list[Point], seeds: list[int], out: Path, state: dict, score, train_args: list[str],
+                 threads: int | None, jobs: int) -> None:
+    """Train and score every (point, seed) not in `state` yet: one multirun per point (its seeds one after
+    the other), `jobs` points at a time; each run's row saved as soon as its point is done. Failed runs are
+    named in `state` and in the error."""
+    done = score_finished(points, seeds, out, state, score)
     todo = [(p, tuple(s for s in seeds if (p.size, p.budget, s) not in done)) for p in points]
     todo = [(p, missing) for p, missing in todo if missing]
     multiruns = [Multirun((f"experiment=scaling/{p.size}", f"trainer.max_flops={p.flops:g}"), missing,
@@ -196,6 +203,8 @@ def run_ladder(points: list[Point], seeds: list[int], out: Path, score, *, train
     profile, held = [p for p in points if not p.held_out], [p for p in points if p.held_out]
     if train:
         train_points(profile, seeds, out, state, score, list(train_args), threads, jobs)
+    else:
+        score_finished(profile, seeds, out, state, score)
     rows = records(state, held_out=False)
     if not rows:
         raise UserError(f"no finished runs in {out / STATE}; train the ladder first (train=true)")
@@ -212,6 +221,8 @@ def run_ladder(points: list[Point], seeds: list[int], out: Path, score, *, train
         save_state(out / STATE, state)
     if train:
         train_points(held, seeds, out, state, score, list(train_args), threads, jobs)
+    elif state["prediction"] is not None:  # held-out runs are scored only against a prediction made before
+        score_finished(held, seeds, out, state, score)
     check_budgets(records(state, held_out=True), held)
     return Ladder(state, law, fits, points, seeds)
 

@@ -173,6 +173,24 @@ def test_the_ladder_fits_predicts_then_trains_the_held_out_points(tmp_path: Path
     assert events.Tags()["images"] == [scaling_report.TAGS["figure"]]
 
 
+def test_without_training_runs_trained_by_hand_are_scored_the_held_out_ones_after_the_prediction(
+        tmp_path: Path, monkeypatch):
+    fake = FakeTraining(monkeypatch, tmp_path)
+    points = scaling.ladder_points(PROFILES, HELD_OUT)
+    for p in points:  # every run trained outside the ladder, none scored yet
+        for seed in (1337, 1338):
+            fake.flops[p.run_dir(tmp_path, seed)] = p.flops
+    monkeypatch.setattr(scaling, "finished", lambda run: run in fake.flops)
+    missing = points[0].run_dir(tmp_path, 1338)
+    del fake.flops[missing]
+    first = scaling.run_ladder(points, [1337, 1338], tmp_path, fake.score, train=False, repeats=20)
+    assert first.state["prediction"] is None and len(first.state["runs"]) == 25  # no held-out row unpredicted
+    fake.flops[missing] = points[0].flops
+    second = scaling.run_ladder(points, [1337, 1338], tmp_path, fake.score, train=False, repeats=20)
+    assert second.state["prediction"] is not None and len(second.state["runs"]) == 30
+    assert fake.trained == []
+
+
 def test_the_doc_block_is_what_the_script_renders_from_the_documented_ladder():
     report = json.loads((ROOT / "docs" / "scaling.json").read_text())
     text = (ROOT / "docs" / "scaling.md").read_text(encoding="utf-8")
