@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from cli_helpers import run_script
+from cluster_helpers import TwoRankLoader
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -27,7 +28,6 @@ from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import read_checkpoint
 from minigpt.cluster.dist_env import DistEnv
 from minigpt.cluster.distributed import gather_object, process_group
-from minigpt.data.loader import BatchLoader
 from minigpt.errors import UserError
 from minigpt.runs.train import train
 from minigpt.training import trainer as trainer_module
@@ -95,23 +95,6 @@ def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) 
         train(_with(drop, resume="auto"), root_dir / "drop_resumed", env=env)
         # FSDP: it shards whatever each rank initialised, without DDP's broadcast of rank 0's weights
         _forward_outputs(_outputs_cfg(cfg), root_dir / "outputs", env)
-
-
-class TwoRankLoader:
-    """One process drawing rank 0's and rank 1's micro-batches and stacking them: the same global batch."""
-
-    def __init__(self, bin_path, block_size, batch_size, *, seed, rank, world_size, device, batch_sizes):
-        assert (rank, world_size) == (0, 1) and batch_size % 2 == 0
-        assert batch_sizes(0) == batch_size  # no batch-size warmup: each rank draws half of every batch
-        self.parts = [BatchLoader(bin_path, block_size, batch_size // 2, seed=seed, rank=r, world_size=2,
-                                  device=device) for r in range(2)]
-
-    def next_batch(self):
-        (x0, y0), (x1, y1) = (p.next_batch() for p in self.parts)
-        return torch.cat([x0, x1]), torch.cat([y0, y1])  # (2B, T) each
-
-    def state_dict(self):
-        return self.parts[0].state_dict()
 
 
 def _free_port() -> int:
