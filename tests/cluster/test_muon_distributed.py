@@ -168,36 +168,3 @@ def test_each_matrix_is_orthogonalised_once_per_step_by_its_owner(runs: Path, st
     # the bytes the collectives brought the two ranks, against the algorithm's count (docs/clusters.md)
     received = sum(c["received"] for c in counts)
     assert received == STEPS * whole_matrices.communication_bytes(shapes, 2, sharded=strategy == "fsdp")
-
-
-def _best_makespan(costs: list[int], world_size: int) -> int:
-    """The least possible work of the busiest rank, by trying every assignment."""
-    best = sum(costs)
-    for code in range(world_size ** len(costs)):
-        load = [0] * world_size
-        for cost in costs:
-            load[code % world_size] += cost
-            code //= world_size
-        best = min(best, max(load))
-    return best
-
-
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_owners_balance_the_work_within_graham_s_bound(world_size: int):
-    gen = torch.Generator().manual_seed(world_size)
-    for _ in range(20):
-        shapes = [tuple(int(d) for d in torch.randint(2, 40, (2,), generator=gen)) for _ in range(7)]
-        costs = [muon.newton_schulz_flops(s) for s in shapes]
-        owner = whole_matrices.owners(costs, world_size)
-        load = [sum(c for c, o in zip(costs, owner, strict=True) if o == r) for r in range(world_size)]
-        assert max(load) <= (4 / 3) * _best_makespan(costs, world_size)
-        assert owner == whole_matrices.owners(list(costs), world_size)  # the same on every rank
-
-
-def test_owners_of_a_block_go_one_matrix_each_to_the_cheapest_rank():
-    # a block of the default model (n_embd 96, one key/value head of 32, SwiGLU 256 wide): qkv, out, up, down
-    shapes = [(160, 96), (96, 96), (512, 96), (96, 256)]
-    costs = [muon.newton_schulz_flops(s) for s in shapes]
-    assert costs[0] == 4 * 96 * 96 * 160 + 2 * 96**3
-    assert whole_matrices.owners(costs, 2) == [1, 1, 0, 1]  # up (the costliest) alone; the rest together
-    assert whole_matrices.owners(costs, 8) == [2, 3, 0, 1]  # one each, from the costliest; ranks 4-7 idle
