@@ -112,7 +112,9 @@ def tiny_sweep(tmp_path: Path, corpus_dir: Path) -> Path:
         cfg = _lab(name, *overrides[1:])  # debug=fast shrinks model and budget
         record = {".hydra/overrides.yaml": "".join(f"- {o}\n" for o in overrides)}
         train(cfg, sweep / f"{i}_{name}_seed{seed}", record_files=record)
-    (sweep / "multirun.yaml").write_text("{}\n")
+    swept = ["experiment=ablation/baseline,ablation/no_causal_mask", f"trainer.seed={SEEDS[0]},{SEEDS[1]}"]
+    (sweep / "multirun.yaml").write_text(  # Hydra's record of the sweep: the jobs it launched
+        "hydra:\n  overrides:\n    task:\n" + "".join(f"    - {o}\n" for o in swept))
     return sweep
 
 
