@@ -30,6 +30,7 @@ CHANGES = {
     "integer_positions": {"pos_encoding": "integer"}, "no_positions": {"pos_encoding": "none"},
     "no_residual": {"residual": False}, "no_final_norm": {"final_norm": False},
     "post_norm": {"norm_placement": "post"},
+    "batchnorm": {"norm": "batchnorm"}, "one_head": {"n_head": 1}, "dropout": {"dropout": 0.1},
 }
 # the "what helps" rows: techniques of record-setting small-GPT runs (docs/tricks.md measures them on the
 # default run; the documented lab run predates them)
