@@ -31,10 +31,10 @@ def variances(seed: int = 0) -> dict[int, float]:
 
 
 def test_the_gradients_variance_falls_as_one_over_the_batch_size():
-    """Margins: over seeds 0-9, B·var(B) / var(1) was RANGE4 for B = 4 and RANGE16 for B = 16 (1 if exactly
-    1/B; a sum instead of a mean would make it B^2); asserted within [0.6, 1.6]."""
+    """1 if the variance falls exactly as 1/B; a summed loss would make it B². Margins: over seeds 0-9 it was
+    0.92-1.08 for B = 4 and 0.92-1.13 for B = 16 (asserted: within [0.75, 1.3])."""
     var = variances()
     scaled = {b: b * v / var[1] for b, v in var.items()}
     print(f"\ngradient variance per batch size {({b: f'{v:.3g}' for b, v in var.items()})}; "
           f"B·var(B)/var(1): {({b: round(s, 2) for b, s in scaled.items()})}")
-    assert 0.6 < scaled[4] < 1.6 and 0.6 < scaled[16] < 1.6
+    assert 0.75 < scaled[4] < 1.3 and 0.75 < scaled[16] < 1.3
