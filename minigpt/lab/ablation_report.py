@@ -105,11 +105,18 @@ ROWS = {
         "BatchNorm", "normalising each channel over the batch's tokens instead of each token over its "
         "channels ties every token to the rest of its batch: in training its output depends on the other "
         "sequences and on its own future (through the batch mean), and in eval running averages of the "
-        "training batches stand in for the statistics it was trained with.", ("train",)),
+        "training batches stand in for the statistics it was trained with.", ("train",),
+        "With 1,024 tokens per batch the statistics barely move from batch to batch, and every validation "
+        "window has the training length, so neither failure shows at this scale; "
+        "tests/model/test_why_norm.py shows both (another sequence moves a token's output, and 4x longer "
+        "windows move the eval logits)."),
     "one_head": Row(
         "One head", "one head of size 128 instead of two of 64 (the same parameters): one softmax per query "
         "instead of two, so a position attends to one mixture of the earlier tokens where two heads attend "
-        "to two, each free to look elsewhere.", ("entropy",)),
+        "to two, each free to look elsewhere.", ("entropy",),
+        "Next-token prediction at this size seldom needs two things at once from one layer; "
+        "tests/model/test_why_heads.py builds a target that needs three, which three heads learn and one "
+        "does not."),
     "dropout": Row(
         "Dropout", "dropout (0.1 here, GPT-2's rate) makes the model spread what it knows over its units, "
         "which keeps it from memorising a small training set; a run that sees each token about once has "
