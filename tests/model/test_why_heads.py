@@ -2,7 +2,7 @@
 things, a query that needs three things at once needs heads for them, and W_O learns to silence a useless one.
 
 The trained models are small and seeded; each test says how its margins were chosen (the measured range over
-seeds 0-9 of the same code, run with other seeds).
+eight to ten seeds of the same code, run with other seeds).
 """
 
 from __future__ import annotations
