@@ -1,28 +1,21 @@
-"""The files of a Hugging Face model folder, and how every export is written without half-written output.
+"""The files of a Hugging Face model folder, read (an import) and written (an export).
 
     config.json              the architecture (`model_type`) and its sizes
     model.safetensors        the weights (or a sharded `model.safetensors.index.json`, or the older pickled
                              `pytorch_model.bin`, read here with `weights_only=True` so no code runs)
     generation_config.json   the ids generation starts and stops with
     tokenizer.json           the fast tokenizer (+ tokenizer_config.json): hf_tokenizer.py
-
-`staged_output` is the one way an exporter writes: into a hidden sibling first, renamed into place only
-when complete, and never over something that exists.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from minigpt.errors import UserError, unwritable_path_message
+from minigpt.errors import UserError
 
 CONFIG, WEIGHTS, GENERATION_CONFIG = "config.json", "model.safetensors", "generation_config.json"
 
@@ -82,51 +75,7 @@ def write_json(file: Path, content: dict) -> None:
 
 
 def write_weights(file: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout."""
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(file),
-              metadata={"format": "pt"})
-
-
-@contextlib.contextmanager
-def staged_output(out: Path, folder: bool) -> Iterator[Path]:
-    """Yield a hidden temporary path beside `out` (a folder when `folder`) to write the export into; on
-    success it is renamed to `out`, on any failure removed, so `out` is either complete or absent.
-
-    `out` must not exist: nothing is ever overwritten. A write that fails for lack of space or permission
-    becomes a one-line UserError naming the path.
-    """
-    out = Path(out).expanduser()
-    if out.exists():
-        raise UserError(f"{out} already exists; choose a new output path (nothing was overwritten)")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove(tmp)  # what a killed export by a process of the same id left
-        if folder:
-            tmp.mkdir()
-        yield tmp
-        _rename_without_clobbering(tmp, out)
-    except OSError as e:
-        raise UserError(f"nothing exported: {unwritable_path_message(e)}") from None
-    finally:
-        _remove(tmp)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
-
-
-def _rename_without_clobbering(tmp: Path, out: Path) -> None:
-    """A folder cannot replace a non-empty folder; a file is linked, which fails if `out` has appeared."""
-    if tmp.is_dir():
-        os.rename(tmp, out)
-        return
-    try:
-        os.link(tmp, out)
-    except FileExistsError:
-        raise UserError(f"{out} appeared while exporting; nothing was overwritten") from None
-    except OSError:  # a filesystem without hard links: the existence check above is the guard
-        os.replace(tmp, out)
+    """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout. Made in
+    memory and written as plain bytes: a failed write is then an OSError, not safetensors' text about one."""
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}
+    file.write_bytes(save(tensors, metadata={"format": "pt"}))

@@ -21,6 +21,7 @@ import torch
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import GPT2, architecture_of
+from minigpt.interop.family_weights import gpt2_weights
 from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
@@ -92,18 +93,6 @@ def _is_conv1d(name: str) -> bool:
     return name.endswith(CONV1D_WEIGHTS)
 
 
-def with_zero_biases(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's weights under its own (GPT-2) names, plus a zero bias for every linear layer and
-    LayerNorm that has none (model.bias=false): GPT2LMHeadModel and llama.cpp's gpt2 expect them all."""
-    sd = {name: t.detach() for name, t in model.state_dict().items()}
-    for name, module in model.named_modules():
-        # GPT-2's head has no bias either
-        biased = isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and name != "lm_head"
-        if biased and module.bias is None:
-            sd[f"{name}.bias"] = torch.zeros(module.weight.shape[0], dtype=module.weight.dtype)
-    return sd
-
-
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """minigpt weights under HF GPT2LMHeadModel's names and layouts (Conv1D matrices transposed).
 
@@ -112,7 +101,7 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """
     hf_config_from_model(model.config)  # fail early on a config GPT-2 cannot express
     return {name: t.t().contiguous() if _is_conv1d(name) else t.clone()  # (in, out) for Conv1D
-            for name, t in with_zero_biases(model).items()}
+            for name, t in gpt2_weights(model).items()}
 
 
 def minigpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

@@ -1,23 +1,14 @@
 """Llama and Qwen3 in the Hugging Face format: config.json and weights <-> a minigpt `GPT` with a
 Llama-style block.
 
-A Llama block is minigpt's block with pos_encoding=rope, norm=rmsnorm, activation=swiglu, and the mapping is
-a copy under other names, with two splits:
-
-    transformer.wte                  model.embed_tokens
-    h.{i}.ln_1 / ln_2                model.layers.{i}.input_layernorm / post_attention_layernorm
-    h.{i}.attn.c_attn  (fused)       self_attn.q_proj | k_proj | v_proj    rows H·D | H_kv·D | H_kv·D
-    h.{i}.attn.q_norm / k_norm       self_attn.q_norm / k_norm             (qk_norm: Qwen3 only)
-    h.{i}.attn.c_proj                self_attn.o_proj
-    h.{i}.mlp.c_fc     (fused)       mlp.gate_proj | up_proj               rows hidden | hidden
-    h.{i}.mlp.c_proj                 mlp.down_proj
-    transformer.ln_f / lm_head       model.norm / lm_head  (no lm_head when tied)
+A Llama block is minigpt's block with pos_encoding=rope, norm=rmsnorm, activation=swiglu, and the weights
+are a copy under other names, the two fused projections split (the table: interop/family_weights.py).
 
 A Qwen3 block is the Llama block with model.qk_norm=true: both normalise each head's D query and key
 channels with an RMSNorm of the model's eps before the rotation (attention.py), and Qwen3 has no biases.
 
 Both rotate q and k with dimension j paired with j + D/2 (the rotate-half layout), so no permutation is
-needed here (GGUF needs one: gguf_tensors.py). RMSNorm is the same formula and eps; the rope base is
+needed here (GGUF needs one: gguf_export.py). RMSNorm is the same formula and eps; the rope base is
 `rope_theta`; biases, when the model has them, are HF's `attention_bias` and `mlp_bias`.
 """
 
@@ -29,6 +20,7 @@ import torch
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import FAMILY_CLASS, QWEN3, ROPE_FAMILIES, architecture_of
+from minigpt.interop.family_weights import llama_table
 from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
@@ -106,55 +98,11 @@ def config_from_hf_llama(hf: dict) -> ModelConfig:
 # ---------------------------------------------------------------------------------------------------- weights
 
 
-def tensor_table(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
-    """(minigpt name, HF names) of every tensor; with several HF names the minigpt tensor is their rows
-    stacked in that order (the fused projections)."""
-    kinds = ("weight", "bias") if cfg.bias else ("weight",)
-    table = [("transformer.wte.weight", ("model.embed_tokens.weight",))]
-    for i in range(cfg.n_layer):
-        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-        table += [(ours + "ln_1.weight", (theirs + "input_layernorm.weight",)),
-                  (ours + "ln_2.weight", (theirs + "post_attention_layernorm.weight",))]
-        if cfg.qk_norm:
-            table += [(f"{ours}attn.{n}_norm.weight", (f"{theirs}self_attn.{n}_norm.weight",)) for n in "qk"]
-        for kind in kinds:
-            table += [
-                (f"{ours}attn.c_attn.{kind}", tuple(f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv")),
-                (f"{ours}attn.c_proj.{kind}", (f"{theirs}self_attn.o_proj.{kind}",)),
-                (f"{ours}mlp.c_fc.{kind}", (f"{theirs}mlp.gate_proj.{kind}", f"{theirs}mlp.up_proj.{kind}")),
-                (f"{ours}mlp.c_proj.{kind}", (f"{theirs}mlp.down_proj.{kind}",)),
-            ]
-    table.append(("transformer.ln_f.weight", ("model.norm.weight",)))
-    if not cfg.tie_weights:  # tied: HF ties lm_head to embed_tokens itself (safetensors refuses shared data)
-        table.append(("lm_head.weight", ("lm_head.weight",)))
-    return table
-
-
-def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
-    """Rows of each part of a fused matrix: q | k | v, or gate | up (SiLU(gate) ⊙ up, ffn.py)."""
-    if ".attn.c_attn." in name:
-        return [cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
-    return [ffn_hidden_size(cfg)] * 2
-
-
-def hf_llama_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """minigpt weights under LlamaForCausalLM's (Qwen3ForCausalLM's) names, the fused matrices split; no
-    lm_head when tied."""
-    cfg = model.config
-    hf_llama_config(cfg)  # fail early on a config Llama cannot express
-    sd = model.state_dict()
-    out = {}
-    for ours, theirs in tensor_table(cfg):
-        pieces = sd[ours].detach().split(_split_sizes(cfg, ours)) if len(theirs) > 1 else (sd[ours].detach(),)
-        out.update({name: piece.clone() for name, piece in zip(theirs, pieces, strict=True)})
-    return out
-
-
 def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor],
                                   cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """LlamaForCausalLM (or Qwen3ForCausalLM) tensors -> minigpt names, the q/k/v and gate/up matrices
     stacked back."""
-    table = tensor_table(cfg)
+    table = llama_table(cfg)
     used = {name for _, theirs in table for name in theirs}
     missing = sorted(used - set(hf_sd))
     unexpected = sorted(n for n in set(hf_sd) - used if not n.endswith(INV_FREQ) and n != "lm_head.weight")
