@@ -71,11 +71,20 @@ def load_converted_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], 
 
 
 def write_json(file: Path, content: dict) -> None:
-    file.write_text(json.dumps(content, indent=2) + "\n")
+    _write(file, (json.dumps(content, indent=2) + "\n").encode())
 
 
 def write_weights(file: Path, tensors: dict[str, torch.Tensor]) -> None:
     """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout. Made in
     memory and written as plain bytes: a failed write is then an OSError, not safetensors' text about one."""
     tensors = {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}
-    file.write_bytes(save(tensors, metadata={"format": "pt"}))
+    _write(file, save(tensors, metadata={"format": "pt"}))
+
+
+def _write(file: Path, data: bytes) -> None:
+    """`data` as `file`; a write that fails names the file (Python's OSError for a write to an open file
+    names none)."""
+    try:
+        file.write_bytes(data)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(file)) from None
