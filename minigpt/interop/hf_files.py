@@ -34,6 +34,19 @@ def read_hf_config(folder: Path) -> dict:
     return hf
 
 
+def config_number(hf: dict, key: str, default: float | None = None, whole: bool = True,
+                  file: str | Path = CONFIG) -> int | float:
+    """config.json's `key` (`default` where it is absent): a whole number >= 1, or with whole=False any number
+    > 0; UserError naming the file and the key for anything else."""
+    value = hf.get(key, default)
+    if value is None:
+        raise UserError(f"{file} has no {key}; it is not a complete Hugging Face config")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not value > 0 or (whole and value != int(value)):
+        raise UserError(f"{file} has {key}={value!r}; it must be {'a whole number >= 1' if whole else '> 0'}")
+    return int(value) if whole else float(value)
+
+
 def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     """All tensors of a HF folder: model.safetensors, its sharded index, or pytorch_model.bin."""
     folder = Path(folder)
@@ -52,20 +65,19 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; download the full model folder")
 
 
-def load_converted_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str) -> torch.nn.Module:
-    """Copy `sd` into `model` strictly (every name and shape), converting fp16/bf16 files to float32;
-    UserError naming the first mismatch. Returns the model in eval mode."""
+def load_converted_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str,
+                           folder: Path) -> torch.nn.Module:
+    """Copy `sd` (the `what` weights of `folder`) into `model` strictly (every name and shape), converting
+    fp16/bf16 files to float32; UserError naming the first mismatch. Returns the model in eval mode."""
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
     if missing or unexpected:
-        raise UserError(
-            f"the {what} weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+        raise UserError(f"the {what} weights in {folder} do not match its {CONFIG}: missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}")
     for name, tensor in sd.items():
         if tensor.shape != expected[name].shape:
-            raise UserError(
-                f"{name} has shape {tuple(tensor.shape)}; config.json needs {tuple(expected[name].shape)}"
-            )
+            raise UserError(f"the {what} weights in {folder} do not match its {CONFIG}: {name} has shape "
+                            f"{tuple(tensor.shape)} where it needs {tuple(expected[name].shape)}")
     model.load_state_dict(sd)
     return model.eval()
 

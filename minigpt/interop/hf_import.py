@@ -15,11 +15,12 @@ from pathlib import Path
 from minigpt.checkpoint.format import save_checkpoint
 from minigpt.data.config import TokenizerConfig
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
-from minigpt.errors import UserError
+from minigpt.errors import UserError, unwritable_path_message
 from minigpt.interop.hf_files import CONFIG, read_hf_config
 from minigpt.interop.hf_gpt2 import load_hf_gpt2
 from minigpt.interop.hf_llama import load_hf_llama
 from minigpt.interop.hf_tokenizer import TOKENIZER_JSON, tokenizer_from_hf
+from minigpt.interop.staging import ELSEWHERE, parent_folders
 from minigpt.model.gpt import GPT
 
 LOADERS = {"gpt2": load_hf_gpt2, "llama": load_hf_llama, "qwen3": load_hf_llama}  # config.json's model_type
@@ -66,4 +67,8 @@ def import_hf(source: str | Path, out: str | Path, tokenizer_dir: str | Path | N
         "config": {"model": model_config, "tokenizer": {"kind": tokenizer.kind}},
         "step": 0, "tokens_seen": 0, "imported_from": str(source.resolve()),
     }
-    return save_checkpoint(out, model, {"step": 0}, meta, tokenizer)
+    try:
+        with parent_folders(out):
+            return save_checkpoint(out, model, {"step": 0}, meta, tokenizer, elsewhere=ELSEWHERE)
+    except OSError as e:  # the folders above `out` could not be made
+        raise UserError(f"nothing imported: {unwritable_path_message(e, ELSEWHERE)}") from None

@@ -20,8 +20,14 @@ import torch
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import FAMILY_CLASS, QWEN3, ROPE_FAMILIES, architecture_of
-from minigpt.interop.family_weights import llama_table
-from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
+from minigpt.interop.family_weights import llama_table, llama_weights
+from minigpt.interop.hf_files import (
+    CONFIG,
+    config_number,
+    load_converted_weights,
+    read_hf_config,
+    read_hf_weights,
+)
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
@@ -59,39 +65,44 @@ def hf_llama_config(cfg: ModelConfig, eot_id: int | None = None) -> dict:
     return hf
 
 
-def config_from_hf_llama(hf: dict) -> ModelConfig:
+def config_from_hf_llama(hf: dict, file: str | Path = CONFIG) -> ModelConfig:
     """A llama- or qwen3-family ModelConfig sized from a LlamaForCausalLM or Qwen3ForCausalLM config.json
-    dict; UserError for a variant minigpt's block does not compute (rope scaling, another activation, a head
-    size that is not C/H, a sliding window)."""
+    dict (read from `file`, named in every refusal); UserError for a variant minigpt's block does not compute
+    (rope scaling, another activation, a head size that is not C/H, a sliding window) or a missing size."""
     qwen3 = hf.get("model_type") == QWEN3
     if qwen3 and (hf.get("use_sliding_window") or hf.get("attention_bias")):
-        raise UserError("config.json is a Qwen3 with a sliding window or attention biases; minigpt's qwen3 "
+        raise UserError(f"{file} is a Qwen3 with a sliding window or attention biases; minigpt's qwen3 "
                         "attends to the whole context and has no biases")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {"rope_type": rope}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise UserError(f"config.json uses rope_type={rope_type!r}; minigpt's rope is the unscaled default")
+        raise UserError(f"{file} uses rope_type={rope_type!r}; minigpt's rope is the unscaled default")
     if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(f"config.json has hidden_act={hf['hidden_act']!r}; minigpt's SwiGLU uses silu")
+        raise UserError(f"{file} has hidden_act={hf['hidden_act']!r}; minigpt's SwiGLU uses silu")
     if bool(hf.get("attention_bias", False)) != bool(hf.get("mlp_bias", False)):
-        raise UserError("config.json sets attention_bias and mlp_bias apart; minigpt has one model.bias")
-    n_embd, n_head = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        raise UserError(f"{file} sets attention_bias and mlp_bias apart; minigpt has one model.bias")
+
+    def number(key: str, default: float | None = None, whole: bool = True) -> int | float:
+        return config_number(hf, key, default, whole, file)
+
+    n_embd, n_head = number("hidden_size"), number("num_attention_heads")
     if hf.get("head_dim") not in (None, n_embd // n_head):
-        raise UserError(f"config.json has head_dim={hf['head_dim']}; minigpt's head size is "
+        raise UserError(f"{file} has head_dim={hf['head_dim']}; minigpt's head size is "
                         f"hidden_size/num_attention_heads = {n_embd // n_head}")
-    intermediate = int(hf["intermediate_size"])
+    intermediate = number("intermediate_size")
     cfg = ModelConfig(
-        n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
-        n_kv_head=int(hf.get("num_key_value_heads") or n_head), n_embd=n_embd,
-        block_size=int(hf.get("max_position_embeddings", 2048)), vocab_size=int(hf["vocab_size"]),
-        pos_encoding="rope", rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        norm="rmsnorm", norm_placement="pre", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        n_layer=number("num_hidden_layers"), n_head=n_head,
+        n_kv_head=number("num_key_value_heads", n_head) if hf.get("num_key_value_heads") else n_head,
+        n_embd=n_embd, block_size=number("max_position_embeddings", 2048), vocab_size=number("vocab_size"),
+        pos_encoding="rope", rope_base=config_number({**hf, **rope}, "rope_theta", 10000.0, False, file),
+        norm="rmsnorm", norm_placement="pre", norm_eps=number("rms_norm_eps", 1e-6, whole=False),
         activation="swiglu", ffn_mult=1.5 * intermediate / n_embd,  # swiglu's hidden is 2/3 of ffn_mult·C
         bias=bool(hf.get("attention_bias", False)), tie_weights=bool(hf.get("tie_word_embeddings", False)),
         dropout=0.0, attn_dropout=0.0, qk_norm=qwen3,
     )
     if ffn_hidden_size(cfg) != intermediate:
-        raise UserError(f"config.json has intermediate_size={intermediate}; minigpt needs a multiple of 8")
+        raise UserError(f"{file} has intermediate_size={intermediate}; minigpt needs a multiple of 8")
     return cfg
 
 
@@ -120,7 +131,13 @@ def load_hf_llama(folder: str | Path) -> GPT:
     """A minigpt GPT (float32, CPU, eval mode) holding the weights of a local LlamaForCausalLM or
     Qwen3ForCausalLM folder."""
     folder = Path(folder).expanduser()
-    cfg = config_from_hf_llama(read_hf_config(folder))
+    cfg = config_from_hf_llama(read_hf_config(folder), folder / CONFIG)
     weights = read_hf_weights(folder)
     family = "Qwen3" if cfg.qk_norm else "Llama"
-    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), family)
+    with torch.device("meta"):  # the shapes config.json implies, under Llama's names, in no memory
+        expected = llama_weights(GPT(cfg))
+    for name, want in expected.items():  # in the model's order, before the fused matrices are stacked back
+        if name in weights and weights[name].shape != want.shape:
+            raise UserError(f"the {family} weights in {folder} do not match its {CONFIG}: {name} has shape "
+                            f"{tuple(weights[name].shape)} where it needs {tuple(want.shape)}")
+    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), family, folder)

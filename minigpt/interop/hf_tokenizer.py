@@ -51,36 +51,55 @@ def tokenizer_from_hf(folder: Path) -> Tokenizer:
     if not file.is_file():
         raise UserError(f"{folder} has no {TOKENIZER_JSON}; pass a minigpt tokenizer folder "
                         "(tokenizer_dir=DIR)")
-    spec = json.loads(file.read_text(encoding="utf-8"))
-    model = spec.get("model") or {}
-    specials = {t["content"]: t["id"] for t in spec.get("added_tokens", []) if t.get("special")}
-    if model.get("type") != "BPE" or EOT not in specials:
-        raise UserError(f"{file} is not a byte-level or character BPE with {EOT}; pass a minigpt tokenizer "
-                        "folder (tokenizer_dir=DIR)")
-    vocab: dict[str, int] = model["vocab"]
-    pattern = _byte_level_pattern(spec.get("pre_tokenizer"))
+    spec, vocab, merges, specials = _read_bpe(file)
+    pre = spec.get("pre_tokenizer")
+    pattern = _byte_level_pattern(pre if isinstance(pre, dict) else {"type": pre} if pre else None)
     if pattern is None:
-        return _char_tokenizer(vocab, model["merges"], specials, file)
+        return _char_tokenizer(vocab, merges, specials, file)
     byte_of = {c: b for b, c in bytes_to_unicode().items()}
+    if any(c not in byte_of for text in vocab for c in text):
+        raise UserError(f"{file} has tokens outside the byte-level alphabet; pass a minigpt tokenizer folder "
+                        "(tokenizer_dir=DIR)")
     ranks = {bytes(byte_of[c] for c in text): i for text, i in vocab.items()}
     if pattern == BYTE_PATTERN and len(ranks) == 256 and specials == {EOT: 256}:
         return ByteTokenizer()
-    _check_merges_follow_ranks(model["merges"], vocab, file)
+    _check_merges_follow_ranks(merges, vocab, file)
     real = {s: i for s, i in specials.items() if not s.startswith("<|unused_")}
     encoding = tiktoken.Encoding(name=f"bpe-{max(real.values()) + 1}", pat_str=pattern, mergeable_ranks=ranks,
                                  special_tokens=real)
     return TiktokenTokenizer("bpe", encoding)
 
 
+def _read_bpe(file: Path) -> tuple[dict, dict[str, int], list, dict[str, int]]:
+    """(the whole spec, vocab, merges, special tokens) of a tokenizer.json holding a BPE model with
+    <|endoftext|>; UserError for a file that is damaged or holds another kind of tokenizer."""
+    try:
+        spec = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{file} is not valid JSON ({e})") from None
+    model = spec.get("model") if isinstance(spec, dict) else None
+    added = spec.get("added_tokens", []) if isinstance(spec, dict) else None
+    vocab, merges = (model.get("vocab"), model.get("merges", [])) if isinstance(model, dict) else (None, None)
+    well_formed = (isinstance(vocab, dict) and isinstance(merges, list) and isinstance(added, list)
+                   and all(isinstance(i, int) for i in vocab.values())
+                   and all(isinstance(t, dict) and isinstance(t.get("id"), int) for t in added))
+    specials = {t.get("content"): t["id"] for t in added if t.get("special")} if well_formed else {}
+    if not well_formed or model.get("type") != "BPE" or EOT not in specials:
+        raise UserError(f"{file} is not a byte-level or character BPE with {EOT}; pass a minigpt tokenizer "
+                        "folder (tokenizer_dir=DIR)")
+    return spec, vocab, merges, specials
+
+
 def _byte_level_pattern(pre: dict | None) -> str | None:
     """The split pattern of a byte-level pre-tokenizer: Split(regex) + ByteLevel(no regex), or ByteLevel with
     GPT-2's built-in regex; None when there is no ByteLevel step (a character tokenizer)."""
     steps = (pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]) if pre else []
-    kinds = [s.get("type") for s in steps]
+    kinds = [s.get("type") if isinstance(s, dict) else s for s in steps]
     if kinds == ["ByteLevel"] and steps[0].get("use_regex", True):
         return GPT2_PATTERN
-    if kinds == ["Split", "ByteLevel"] and "Regex" in steps[0].get("pattern", {}):
-        return steps[0]["pattern"]["Regex"]
+    pattern = steps[0].get("pattern") if kinds == ["Split", "ByteLevel"] else None
+    if isinstance(pattern, dict) and isinstance(pattern.get("Regex"), str):
+        return pattern["Regex"]
     if not kinds:
         return None
     raise UserError(f"the pre-tokenizer {'+'.join(map(str, kinds))} has no minigpt equivalent; pass a "

@@ -33,32 +33,37 @@ def staged_output(out: Path, folder: bool) -> Iterator[Path]:
     if out.exists():
         raise UserError(f"{out} already exists; choose a new output path (nothing was overwritten)")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    made = _missing_folders(out.parent)
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove(tmp)  # what a killed export by a process of the same id left
-        if folder:
-            tmp.mkdir()
-        yield tmp
-        _publish(tmp, out)
-        made = []  # they hold the export now
+        with parent_folders(out):
+            try:
+                _remove(tmp)  # what a killed export by a process of the same id left
+                if folder:
+                    tmp.mkdir()
+                yield tmp
+                _publish(tmp, out)
+            finally:
+                _remove(tmp)
     except OSError as e:
         raise UserError(f"nothing exported: {unwritable_path_message(_as_under(e, tmp, out), ELSEWHERE)}") \
             from None
-    finally:
-        _remove(tmp)
-        for parent in made:  # innermost first
-            with contextlib.suppress(OSError):
-                parent.rmdir()
 
 
-def _missing_folders(folder: Path) -> list[Path]:
-    """`folder` and those of its parents that do not exist yet, innermost first."""
-    missing = []
+@contextlib.contextmanager
+def parent_folders(out: Path) -> Iterator[None]:
+    """Make the missing folders above `out`; if the block fails, take away again those that are still
+    empty (innermost first), so a failed command leaves no folder of its own behind."""
+    missing, folder = [], out.parent
     while not folder.exists() and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
-    return missing
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        yield
+    except BaseException:
+        for made in missing:
+            with contextlib.suppress(OSError):
+                made.rmdir()
+        raise
 
 
 def _as_under(e: OSError, tmp: Path, out: Path) -> OSError:
