@@ -11,16 +11,14 @@ its own (two real processes racing hit that moment only by chance).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import resource
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_script, snapshot
+from cli_helpers import file_size_limit, run_script, snapshot
 from conftest import ROOT
 from interop_helpers import make_checkpoint
 
@@ -51,22 +49,12 @@ def _destination(tmp_path: Path) -> Path:
     return folder
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 @pytest.mark.parametrize("fmt", list(OUTS))
 def test_a_file_size_limit_stops_the_export_in_one_line_and_leaves_nothing(fmt, ckpt, tmp_path, capsys):
     folder = _destination(tmp_path)
     out = folder / "new" / "deeper" / OUTS[fmt]  # two folders the export has to make
     before = snapshot(tmp_path, ckpt)
-    with _file_size_limit(FILE_LIMIT):
+    with file_size_limit(FILE_LIMIT):
         run = run_script("export", [f"checkpoint={ckpt}", f"format={fmt}", f"out={out}"], capsys)
     line = _one_line(run.code, run.err, run.out, f"nothing exported: cannot write {out}", "File too large",
                      "out=")

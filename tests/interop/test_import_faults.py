@@ -8,16 +8,14 @@ Each damaged folder is a copy of one that imports (a Llama block exported by min
 
 from __future__ import annotations
 
-import contextlib
 import json
-import resource
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_script, snapshot
+from cli_helpers import file_size_limit, run_script, snapshot
 from interop_helpers import make_checkpoint, small_bpe
 from safetensors.torch import load_file, save_file
 
@@ -108,20 +106,10 @@ def test_a_missing_tokenizer_folder_is_named(hf_folder, tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
-@contextlib.contextmanager
-def _file_size_limit(limit: int):
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-
-
 def test_a_file_size_limit_names_the_file_and_the_key_that_moves_it(hf_folder, tmp_path, capsys):
     """RLIMIT_FSIZE in this process (Python ignores SIGXFSZ, so the write fails with EFBIG)."""
     out = tmp_path / "new" / "ckpt"
-    with _file_size_limit(64 * 1024):
+    with file_size_limit(64 * 1024):
         run = run_script("import_hf", [f"source={hf_folder}", f"out={out}"], capsys)
     line = _one_line(run, f"cannot write {out}/model.safetensors: File too large", "out=")
     assert "hydra.run.dir" not in line and list(tmp_path.iterdir()) == []

@@ -16,7 +16,6 @@ import errno
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 import tiktoken
 import torch
-from cli_helpers import run_script, snapshot
+from cli_helpers import file_size_limit, run_script, snapshot
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 from safetensors.torch import load_file, save_file
 
@@ -179,13 +178,9 @@ def _cache_disk_full(world: Path, tmp_path: Path, monkeypatch):
 
 @contextlib.contextmanager
 def _file_size_limit(world: Path, tmp_path: Path, monkeypatch):
-    """RLIMIT_FSIZE in this process: every write past 64 KiB fails with EFBIG (Python ignores SIGXFSZ)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, hard))
-    try:
+    """Every write past 64 KiB fails with EFBIG, as on a full disk."""
+    with file_size_limit(64 * 1024):
         yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
 SETUPS = {
