@@ -9,6 +9,9 @@ renames it to `out` when the writer is done. So `out` is either complete or abse
     folder)
     `out` exists, or appears while    nothing is overwritten: the export is refused (or dropped, when a second
     writing                           export to the same `out=` finished first)
+
+`parent_folders(out)`, the part that makes the folders above `out` and takes them away again on failure,
+serves the import too (hf_import.py), whose checkpoint the checkpoint package writes atomically itself.
 """
 
 from __future__ import annotations
