@@ -10,8 +10,10 @@ Read in this order, the layering of README's "Layout" (nothing imports what is l
     checkpoint/   the checkpoint format and its one loader
     interop/      other formats: Hugging Face, GGUF, lm-eval
     inspect/      scoring a text, attention maps, plotting
+    cluster/      several processes: the launchers' variables, the process group, a rank that dies
     training/     the training loop and what it needs
     generation/   the generate command over sampling/
+    runs/         a training run kept safe around the loop: its folder, where it starts, resuming
     lab/          tools about the core: bench, speedrun, ablation, shape walk, plots
     config.py     every command's Hydra schema
     cli.py        what every command does around its library call
