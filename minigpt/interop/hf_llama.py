@@ -109,18 +109,17 @@ def config_from_hf_llama(hf: dict, file: str | Path = CONFIG) -> ModelConfig:
 # ---------------------------------------------------------------------------------------------------- weights
 
 
-def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor],
-                                  cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """LlamaForCausalLM (or Qwen3ForCausalLM) tensors -> minigpt names, the q/k/v and gate/up matrices
-    stacked back."""
+def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig,
+                                  folder: Path) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM (or Qwen3ForCausalLM) tensors (those of `folder`) -> minigpt names, the q/k/v and
+    gate/up matrices stacked back."""
     table = llama_table(cfg)
     used = {name for _, theirs in table for name in theirs}
     missing = sorted(used - set(hf_sd))
     unexpected = sorted(n for n in set(hf_sd) - used if not n.endswith(INV_FREQ) and n != "lm_head.weight")
     if missing or unexpected:
-        raise UserError(f"the {'Qwen3' if cfg.qk_norm else 'Llama'} weights do not match config.json: "
-                        f"missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]}")
+        raise UserError(f"the {'Qwen3' if cfg.qk_norm else 'Llama'} weights in {folder} do not match its "
+                        f"{CONFIG}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     out = {ours: torch.cat([hf_sd[name] for name in theirs], dim=0) for ours, theirs in table}
     if cfg.tie_weights:  # transformers ties the head to the embedding whatever the file holds
         out["lm_head.weight"] = out["transformer.wte.weight"]
@@ -140,4 +139,5 @@ def load_hf_llama(folder: str | Path) -> GPT:
         if name in weights and weights[name].shape != want.shape:
             raise UserError(f"the {family} weights in {folder} do not match its {CONFIG}: {name} has shape "
                             f"{tuple(weights[name].shape)} where it needs {tuple(want.shape)}")
-    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), family, folder)
+    stacked = minigpt_state_dict_from_llama(weights, cfg, folder)
+    return load_converted_weights(GPT(cfg), stacked, family, folder)

@@ -59,7 +59,8 @@ DAMAGE = {
     "weights-missing": (lambda f: (f / WEIGHTS).unlink(), "has no model.safetensors or pytorch_model.bin"),
     "weights-truncated": (lambda f: (f / WEIGHTS).write_bytes((f / WEIGHTS).read_bytes()[:1000]),
                           "corrupt file"),
-    "weights-a-tensor-missing": (_edit_weights(lambda w: w.pop("model.norm.weight")), "missing"),
+    "weights-a-tensor-missing": (_edit_weights(lambda w: w.pop("model.norm.weight")),
+                                 "missing ['model.norm.weight']"),
     "weights-more-rows": (_edit_weights(lambda w: w.update({Q: torch.cat([w[Q], w[Q][:2]])})),
                           f"{Q} has shape (98, 96) where it needs (96, 96)"),
     "weights-other-columns": (_edit_weights(lambda w: w.update({Q: torch.zeros(96, 5)})),
@@ -95,7 +96,7 @@ def test_a_malformed_folder_is_refused_in_one_line(case, hf_folder, tmp_path, ca
     damage(source)
     before = snapshot(tmp_path)
     run = run_script("import_hf", [f"source={source}", f"out={tmp_path / 'new' / 'ckpt'}"], capsys)
-    _one_line(run, needle)
+    assert str(source) in _one_line(run, needle)  # the folder, or the file in it, is named
     assert snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
