@@ -8,7 +8,7 @@ a half-built cache folder stays on disk and up to `trainer.ckpt_every` steps of 
 
 Two modes, one per kind of work:
 
-    install_policy()    every command, at start-up (`minigpt.cli.run_cli`, `training.launch`): a stop signal
+    install_policy()    every command, at start-up (`minigpt.cli.run_cli`, `cluster.launch`): a stop signal
                         raises `Interrupted` (a KeyboardInterrupt) where the program is, so every `finally`
                         and `with` on the way out runs: temporaries are removed, nothing half-written is
                         published. The script ends with one line, `interrupted by SIGTERM ...`, exit 128+N.
