@@ -20,12 +20,15 @@ from minigpt.lab.config import (
     AblationReportConfig,
     BenchConfig,
     CompareConfig,
+    DecodingDocConfig,
     LossCurvesConfig,
     PEPlotsConfig,
     ScalingConfig,
     ShapeWalkConfig,
     SpeedrunConfig,
     TemperatureConfig,
+    TricksReportConfig,
+    UpdateDocsConfig,
 )
 from minigpt.training.config import TrainConfig
 
@@ -38,6 +41,8 @@ SCHEMAS = {
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
     "compare_schema": CompareConfig,
+    "tricks_report_schema": TricksReportConfig, "decoding_doc_schema": DecodingDocConfig,
+    "update_docs_schema": UpdateDocsConfig,
 }
 
 
