@@ -1,74 +1,94 @@
-"""The decode step: the forward of the newest token of every row, as the decoding loops call it.
+"""A plan of how a decode step computes, and the step built from it.
 
-    step(tokens (B, T), cache) -> their logits (B, T, V); T is 1, except where speculative decoding
-                                  verifies several drafted tokens at once
+    Plan                        a plain record (strings and flags): the matrices' layouts, the oneDNN flag,
+                                the decode attention, frozen, compiled; what a choice returns and a cache of
+                                choices could keep
+    build_step(model, plan)     `model` laid out and handed its attention as `plan` says, and its DecodeStep
+    DecodeStep                  the step itself: `decode_forward` (sampling/decode.py), eager or compiled
 
-Eager, it is `model(tokens, kv_cache=cache, last_only=True)`: a few dozen small ops per layer, each
-dispatched from Python, which for a small model costs more than the arithmetic. Compiled (`compile=true`),
-the same function goes through torch.compile: Inductor fuses the elementwise ops and norms into a few
-generated kernels (C++ on a CPU, Triton on CUDA) and calls the matrix products directly, so a step costs
-little beyond reading the weights. Dynamic shapes make one compiled graph serve every cache length (and
-the few query lengths speculative decoding verifies), instead of a compilation per length. On a CPU the
-kernels are called from a generated C++ function (Inductor's `cpp_wrapper`) rather than from Python, one by
-one: what is left of a small model's step after fusion is mostly those calls.
+A step is what the decoding loops call: tokens (B, T) fed on top of a KV cache -> their logits (B, T, V); T is
+1, except where speculative decoding verifies several drafted tokens at once. Compiled, it is one copy of
+`decode_forward` per step (compiler.py says why), with dynamic shapes: one graph serves every cache length
+(and the few query lengths speculative decoding verifies). The cache is written in place under compilation
+too (model/kv_cache.py says why its layers have buffers of their own; tests/fast/test_step.py counts the bytes
+each generated kernel touches).
 
-Before every call of a compiled function, Dynamo checks that nothing its graph was traced from has changed:
-for a model, hundreds of checks of its modules' attributes, which cost more than a small model's whole step.
-A decode step's model is fixed once it is prepared (eval mode, its kernels chosen), so those checks are
-skipped (`torch.compiler.skip_guard_on_all_nn_modules_unsafe`; the checks of the tensors' shapes and dtypes
-stay). What makes that safe is that no other model can reach the step's graphs: Dynamo keeps graphs per code
-object, and each step compiles a copy of `_logits` with a code object of its own
-(tests/generation/test_step.py decodes two models that differ only in such an attribute, one after the other).
-
-The cache is written in place under compilation too (model/kv_cache.py says why its layers have buffers
-of their own); tests/generation/test_step.py checks the compiled step's tokens and logits against the
-eager one's and counts the bytes its kernels touch.
-
-Where the kernels chosen for the step say `frozen` (generation/kernels.py), the step compiles under Inductor's
-frozen settings: the weights become constants of the graph and Inductor times its own kernels for each
-product. The compiled code then holds its own copies of the weights, which is why the step's model must not
-change once it is prepared.
-
-Compiling needs a C++ compiler on a CPU (Triton on CUDA); without one the step stays eager, and one log
-line says why. The first call compiles (tens of seconds on a small CPU; Inductor's disk cache makes
-later runs quicker), so compiling pays for long generations, not for a short sample.
+Compiling needs a C++ compiler on a CPU (Triton on CUDA); without one the step stays eager, and one log line
+says why. The first call compiles (seconds to a minute; Inductor's disk cache makes later runs quicker).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.generation.kernels import DEFAULT, Kernels, OneDNN, compile_own, frozen_inductor
+from minigpt.fast.attention import ONE_QUERY
+from minigpt.fast.compiler import OneDNN, compile_own, frozen_inductor
+from minigpt.fast.layouts import lay_out
+from minigpt.model.gpt import GPT
 from minigpt.model.kv_cache import KVCache
+from minigpt.sampling.decode import decode_forward
 
 log = logging.getLogger(__name__)
 
 
-def _logits(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-    return model(tokens, kv_cache=cache)[0]  # (B, T, V)
+@dataclass(frozen=True)
+class Plan:
+    """How a decode step computes. The default is the model as it is, eager: PyTorch's own behaviour."""
+
+    layout: str = "out_in"  # the blocks' matrices: one of layouts.LAYOUTS
+    head_layout: str = "out_in"  # the head's, chosen apart: a large vocabulary makes it the largest by far
+    onednn: bool = True  # torch.backends.mkldnn.enabled during the step (compiler.OneDNN)
+    attention: str | None = None  # the decode attention, one of attention.ONE_QUERY; None: the model's own
+    frozen: bool = False  # compiled with the weights frozen: Inductor chooses the plain matrices' kernels
+    compiled: bool = False  # the step through torch.compile
+
+    @property
+    def name(self) -> str:
+        layout = lambda name: "frozen" if self.frozen and name == "out_in" else name  # only plain ones freeze
+        onednn = "" if self.onednn else ", without oneDNN"
+        attention = f", {self.attention} attention" if self.attention else ""
+        return f"head {layout(self.head_layout)}, blocks {layout(self.layout)}{onednn}{attention}"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> Plan:
+        return cls(**fields)
+
+
+DEFAULT = Plan()
 
 
 class DecodeStep:
-    """tokens (B, T) fed on top of `cache` -> their logits (B, T, V); eager or compiled (a `DecodeFn`).
+    """tokens (B, T) fed on top of `cache` -> their logits (B, T, V) (a `DecodeFn`): `decode_forward` on
+    `model` as `plan` says, under its oneDNN flag, compiled (with Inductor's frozen settings where it freezes)
+    or eager. `plan` says what the step does: asked to compile where nothing can, it is eager, and so
+    recorded. `notes`: what was measured and decided on the way to this step, for the log."""
 
-    `kernels.onednn` is applied around every call (generation/kernels.py; the layout and the attention are the
-    model's own, set when it was prepared), and so are Inductor's frozen settings where `kernels.frozen` asks
-    for them (they take effect when a call compiles); `compiled` says what was asked and could be honoured."""
-
-    def __init__(self, model: torch.nn.Module, *, compile: bool = False, kernels: Kernels = DEFAULT):
-        self.model, self.kernels = model, kernels
+    def __init__(self, model: GPT, plan: Plan = DEFAULT) -> None:
         self.device = device = next(model.parameters()).device
-        problem = compile_problem(device) if compile else None
+        problem = compile_problem(device) if plan.compiled else None
         if problem:
             log.warning("compile=true: decoding eagerly, since %s", problem)
-        self.compiled = compile and problem is None
-        # dynamic shapes, the graphs its own and the modules' checks skipped (see the module docstring)
-        self._forward = compile_own(_logits, device, dynamic=True) if self.compiled else _logits
-        self._onednn = OneDNN(kernels.onednn)
-        self._frozen = frozen_inductor() if self.compiled and kernels.frozen else None
+            plan = replace(plan, compiled=False, frozen=False)
+        self.model, self.plan = model, plan
+        self.notes: list[str] = []
+        self._forward = compile_own(decode_forward, device, dynamic=True) if plan.compiled else decode_forward
+        self._onednn = OneDNN(plan.onednn)
+        self._frozen = frozen_inductor() if plan.compiled and plan.frozen else None
+
+    @property
+    def compiled(self) -> bool:
+        return self.plan.compiled
+
+    @property
+    def name(self) -> str:
+        return f"decode step {'compiled' if self.compiled else 'eager'}: {self.plan.name}"
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
@@ -77,3 +97,11 @@ class DecodeStep:
                 with self._frozen:
                     return self._forward(self.model, tokens, cache)
             return self._forward(self.model, tokens, cache)
+
+
+def build_step(model: GPT, plan: Plan, rows: int = 1) -> DecodeStep:
+    """`model` in eval mode, laid out for `rows` rows and handed its decode attention as `plan` says (in
+    place), and the step that runs it."""
+    lay_out(model.eval(), plan.layout, rows, plan.head_layout)
+    model.use_decode_attention(None if plan.attention is None else ONE_QUERY[plan.attention])
+    return DecodeStep(model, plan)

@@ -1,56 +1,36 @@
-"""Timing and memory measurement: interleaved repeats, robust summaries, peak memory.
+"""Timing: interleaved rounds and robust summaries, for the wing's choices and for the bench alike.
 
-Two contenders timed one after the other (A A A ... B B B ...) see different machines: a
-neighbour's job, a frequency change or a warm cache favours whoever ran at that moment. Timing
-them interleaved (A B A B ...) spreads such drift over both, and ratios measured in one run are
-what the benchmark reports. Each contender gets warm-up calls first (allocator, lazy kernels,
-autotuning), then `repeats` timed calls; the summary is the median (robust to the odd stall)
-with the min and max beside it, so the spread is visible.
+Two contenders timed one after the other (A A A ... B B B ...) see different machines: a neighbour's job, a
+frequency change or a warm cache favours whoever ran at that moment. Timed in rounds (every contender once
+per round), such drift is spread over all of them, and ratios measured within one run are what a choice or
+the bench reports. The first rounds are warm-up, untimed (a first call allocates, compiles, autotunes). A
+choice reads the best round of each (`interleaved_best`: the least disturbed), the bench the median with the
+min and max beside it (`Timing`: the spread stays visible), and a choice between two whole steps the median
+of their per-round ratio (`paired_speedup`), which a drift from round to round leaves alone.
 
-Other processes: a busy core does more than slow the bench down. A parallel op waits at its end for every
-thread, and on a machine whose cores are all taken one of its threads may be descheduled for a whole time
-slice, so a small op can take a thousand times its time. `busy_cores` measures, while the bench sleeps, how
-many cores something else keeps busy; the report states it and warns when it is not near zero.
-
-Peak memory: on CUDA, torch's max-allocated counter (reset before each measured call). On CPU,
-the process's resident-set high-water mark (VmHWM), reset through /proc/self/clear_refs on
-Linux, minus the resident size before the call: the extra memory the call touched. glibc's malloc
-would serve a tensor from memory an earlier tensor freed (already resident: invisible to VmHWM), so
-freed heap pages are handed back first (`malloc_trim`) and during the measured call every allocation
-above 16 KiB is made a fresh mmap (`mallopt`), whose pages count when touched and leave when freed.
+The margins a measured candidate must win by, on a shared machine, live here too: `MIN_SPEEDUP` for single
+kernels, `STEP_MIN_SPEEDUP` for whole steps.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import torch
 
-BUSY_WARNING = 0.25  # cores kept busy by other processes above which the report warns (an idle box: ~0.01)
+from minigpt.device.probe import synchronize
 
-
-def busy_ticks(stat: str) -> int:
-    """Clock ticks all cores have spent busy (neither idle nor waiting for I/O), from /proc/stat's text."""
-    fields = [int(f) for f in stat.splitlines()[0].split()[1:]]  # the `cpu ` line: every core summed
-    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
-
-
-def busy_cores(seconds: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
-    """How many cores other processes kept busy over `seconds` while this one slept (None off Linux)."""
-    try:
-        busy, start = busy_ticks(stat.read_text()), time.monotonic()
-        time.sleep(seconds)
-        busy, elapsed = busy_ticks(stat.read_text()) - busy, time.monotonic() - start
-    except (OSError, ValueError, IndexError):
-        return None
-    return busy / os.sysconf("SC_CLK_TCK") / elapsed
+# A kernel or layout must beat the default by this factor to be chosen: the ones that differ at all differ by
+# more (docs/decoding.md), so a smaller ratio is timing noise on a shared machine, not a reason to change.
+MIN_SPEEDUP = 1.2
+# A whole step is taken over another where the median of their per-round ratio is this much. Whole steps share
+# most of their work, so they differ by less than single kernels do; yet two copies of one step, compiled
+# apart, measure several percent apart by that median (they differ only in where their weights lie in memory;
+# docs/decoding.md gives the spread), and a smaller margin would choose by that.
+STEP_MIN_SPEEDUP = 1.1
 
 
 @dataclass
@@ -72,102 +52,51 @@ class Timing:
         return asdict(self)
 
 
-def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued GPU work, so the clock measures the work and not its launch."""
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        torch.cuda.synchronize()
-
-
 def time_call(fn: Callable[[], object], device: torch.device | str | None = None) -> float:
-    """Seconds one call of `fn` takes, device work included."""
-    synchronize(device)
+    """Seconds one call of `fn` takes, the device's queued work included."""
+    if device is not None:
+        synchronize(device)
     start = time.perf_counter()
     fn()
-    synchronize(device)
+    if device is not None:
+        synchronize(device)
     return time.perf_counter() - start
 
 
-def interleave(
-    contenders: dict[str, Callable[[], object]],
-    repeats: int,
-    warmup: int = 1,
-    device: torch.device | str | None = None,
-) -> dict[str, Timing]:
-    """Time every contender `repeats` times in rounds (A B C, A B C, ...) after `warmup` untimed rounds."""
-    for _ in range(warmup):
-        for fn in contenders.values():
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            samples[name].append(time_call(fn, device))
-    return {name: Timing.from_samples(s) for name, s in samples.items()}
+def interleaved_times(calls: dict[Hashable, Callable[[], object]], repeats: int, warmup: int = 1,
+                      device: torch.device | str | None = None) -> dict[Hashable, list[float]]:
+    """Seconds of each zero-argument call in each of `repeats` rounds, after `warmup` untimed rounds.
+
+    Each round reverses the order of the one before (A B C, C B A, A B C, ...). A call's time depends on what
+    ran just before it: after a call that read the same memory it finds that memory in the caches, after a
+    large one it finds them flushed. In a fixed order (A B C, A B C) every call keeps the same predecessor
+    in every round, a bias that no number of rounds averages out; alternating gives each call both neighbours
+    in turn."""
+    times: dict[Hashable, list[float]] = {key: [] for key in calls}
+    order = list(calls)
+    for round_ in range(warmup + repeats):
+        for key in order:
+            seconds = time_call(calls[key], device)
+            if round_ >= warmup:
+                times[key].append(seconds)
+        order.reverse()
+    return times
 
 
-# ---------------------------------------------------------------------------------------------- memory
-
-_STATUS = Path("/proc/self/status")
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        for line in _STATUS.read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
+def interleave(calls: dict[Hashable, Callable[[], object]], repeats: int, warmup: int = 1,
+               device: torch.device | str | None = None) -> dict[Hashable, Timing]:
+    """`interleaved_times`, each call's rounds summarised as median, min and max."""
+    times = interleaved_times(calls, repeats, warmup, device)
+    return {key: Timing.from_samples(seconds) for key, seconds in times.items()}
 
 
-def _reset_rss_peak() -> bool:
-    """Reset VmHWM to the current RSS ("5" in clear_refs, Linux >= 4.0); False where unsupported."""
-    try:
-        _CLEAR_REFS.write_text("5")
-        return True
-    except OSError:
-        return False
+def interleaved_best(calls: dict[Hashable, Callable[[], object]], repeats: int,
+                     device: torch.device | str | None = None) -> dict[Hashable, float]:
+    """Best seconds of each call over `interleaved_times`' rounds (one warm-up round)."""
+    return {key: min(seconds) for key, seconds in interleaved_times(calls, repeats, 1, device).items()}
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameter numbers (malloc.h)
-_MEASURE_MMAP_BYTES = 16 * 1024
-_NORMAL_MMAP_BYTES = 32 * 1024 * 1024  # glibc's own ceiling for its adaptive threshold on 64-bit
-
-
-def _libc_call(name: str, *args: int) -> bool:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(getattr(libc, name)(*args))
-    except (OSError, AttributeError):  # not glibc: measure without it
-        return False
-
-
-def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str | None = None) -> int | None:
-    """Extra memory one call of `fn` needs at its peak, in bytes; None where it cannot be measured.
-
-    CUDA: max allocated during the call minus allocated before it. CPU: resident-set high-water
-    mark during the call minus the resident size before it (memory freed and reused inside the
-    call counts once, memory already resident counts zero).
-    """
-    if device is not None and torch.device(device).type == "cuda":
-        synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    _libc_call("malloc_trim", 0)  # hand freed heap pages back, so reusing them counts again
-    _libc_call("mallopt", _M_MMAP_THRESHOLD, _MEASURE_MMAP_BYTES)
-    try:
-        if not _reset_rss_peak():
-            return None
-        before = _status_kib("VmRSS")
-        fn()
-        peak = _status_kib("VmHWM")
-    finally:
-        # a fixed threshold at glibc's adaptive ceiling: what a warmed-up process runs with anyway
-        _libc_call("mallopt", _M_MMAP_THRESHOLD, _NORMAL_MMAP_BYTES)
-        _libc_call("mallopt", _M_TRIM_THRESHOLD, 2 * _NORMAL_MMAP_BYTES)
-    if before is None or peak is None:
-        return None
-    return max(0, peak - before) * 1024
+def paired_speedup(slower: list[float], faster: list[float]) -> float:
+    """How many times faster the second of two calls timed in the same rounds is: the median over rounds of
+    each round's ratio."""
+    return statistics.median(s / f for s, f in zip(slower, faster, strict=True))
