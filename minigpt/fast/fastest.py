@@ -27,6 +27,7 @@ from torch import nn
 from minigpt.device.runtime import compile_problem
 from minigpt.fast.attention import AttentionMeasure, choose_attention, time_attention
 from minigpt.fast.gate import first_passing
+from minigpt.fast.int8 import int8_compile_problem
 from minigpt.fast.products import ProductMeasure, choose_products, time_products
 from minigpt.fast.step import DEFAULT, DecodeStep, Plan, build_step
 from minigpt.fast.whole_steps import StepMeasure, choose_streamed, streamed_twin, time_steps
@@ -76,7 +77,7 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
     copy."""
     model.eval()
     device = next(model.parameters()).device
-    problem = compile_problem(device) if compile else None
+    problem = (compile_problem(device) or int8_compile_problem(model)) if compile else None
     if problem:
         log.warning("compile=true: decoding eagerly, since %s", problem)
     compile = compile and problem is None
@@ -87,11 +88,11 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
         twin = compile and not int8 and device.type == "cpu"
     plan = replace(plan, compiled=compile)
-    if plan == DEFAULT:
-        step = DecodeStep(model)
-    else:
-        step = first_passing(model, rows, _candidates(model, plan, rows, twin, notes, measure_steps))
-    step.notes = [*notes, step.name]
+    step, refusals = DecodeStep(model), []
+    if plan != DEFAULT:
+        candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
+        step, refusals = first_passing(model, rows, candidates)
+    step.notes = [*notes, *refusals, step.name]
     for note in step.notes:
         log.debug("%s", note)
     return step

@@ -96,13 +96,15 @@ def check(step: DecodeStep, probes: list[Probe]) -> str | None:
     return None
 
 
-def first_passing(model: GPT, rows: int, candidates: Iterable[DecodeStep]) -> DecodeStep:
+def first_passing(model: GPT, rows: int, candidates: Iterable[DecodeStep]) -> tuple[DecodeStep, list[str]]:
     """The first of `candidates` (steps of copies of `model`) that decodes `rows` rows as `model`'s eager step
-    does; each one before it is refused with one log line; where none passes, `model`'s eager step."""
+    does, else `model`'s eager step; and a line for each refused before it (also logged as a warning)."""
     probes = record_probes(model, rows)
+    refusals = []
     for candidate in candidates:
         refused = check(candidate, probes)
         if refused is None:
-            return candidate
-        log.warning("refused the %s: %s", candidate.name, refused)
-    return DecodeStep(model)
+            return candidate, refusals
+        refusals.append(f"refused the {candidate.name}: {refused}")
+        log.warning("%s", refusals[-1])
+    return DecodeStep(model), refusals

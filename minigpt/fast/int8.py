@@ -5,6 +5,10 @@ fastest for the int8 kernel here.
 runs a scalar loop and its bfloat16 path vector instructions, so which is faster depends on the CPU: both are
 timed, and bfloat16 is taken where it is MIN_SPEEDUP faster. On a GPU the activations are 16-bit, as for
 16-bit weights.
+
+A layer whose input width that kernel cannot take in 16 bits computes the formula instead (model/int8.py), and
+compiled on a CPU, Inductor turns that formula back into the same kernel, which then returns garbage or
+crashes the process (docs/decoding.md): such a model is not compiled (`int8_compile_problem`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 
 from minigpt.fast.timing import MIN_SPEEDUP, interleaved_best
 from minigpt.model.gpt import GPT
-from minigpt.model.int8 import has_packed_kernel, quantize_int8, quantize_per_channel
+from minigpt.model.int8 import Int8Linear, has_packed_kernel, quantize_int8, quantize_per_channel
 
 log = logging.getLogger(__name__)
 
@@ -63,3 +67,12 @@ def quantize_for_decoding(model: GPT, rows: int = 1) -> tuple[GPT, str]:
     why = f"int8 weights, {why}"
     log.debug("%s", why)
     return quantize_int8(model, dtype).eval(), why
+
+
+def int8_compile_problem(model: GPT) -> str | None:
+    """Why `model`'s int8 layers cannot be compiled on this device, or None (see the module docstring)."""
+    formula = [m for m in model.modules() if isinstance(m, Int8Linear) and not m.packed_kernel]
+    if not formula or formula[0].q.device.type != "cpu" or formula[0].scale.dtype != torch.bfloat16:
+        return None
+    width = formula[0].in_features
+    return f"Inductor turns a bfloat16 int8 product of {width} inputs into a kernel needing multiples of 16"

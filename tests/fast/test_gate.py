@@ -95,6 +95,7 @@ def test_a_wrong_step_is_refused_with_one_line_and_the_eager_step_decodes(monkey
     assert len(lines) == 1 and lines[0].startswith("refused the decode step eager: ")
     assert FAST.name in lines[0] and "standard deviations" in lines[0]
     assert step.model is model and not isinstance(step, Shifted) and step.name.startswith("decode step eager")
+    assert step.notes[-2:] == [lines[0], step.name]  # the refusal is among the step's notes too
     runs = [generate(model, [[1, 2, 3], [4, 5]], max_new_tokens=8, params=SamplingParams(0.0),
                      generator=torch.Generator(), step=s) for s in (step, None)]
     assert runs[0].tokens == runs[1].tokens
