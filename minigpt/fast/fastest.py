@@ -88,11 +88,11 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
         twin = compile and not int8 and device.type == "cpu"
     plan = replace(plan, compiled=compile)
-    step, refusals = DecodeStep(model), []
+    step, checked = DecodeStep(model), []
     if plan != DEFAULT:
         candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
-        step, refusals = first_passing(model, rows, candidates)
-    step.notes = [*notes, *refusals, step.name]
+        step, checked = first_passing(model, rows, candidates)
+    step.notes = [*notes, *checked, step.name]
     for note in step.notes:
         log.debug("%s", note)
     return step

@@ -52,7 +52,8 @@ def test_the_step_is_measured_for_the_batch_and_built_on_a_copy(monkeypatch, cap
     assert all(block.attn.decode_attention is ONE_QUERY["math"] for block in step.model.transformer.h)
     assert all(block.attn.decode_attention is None for block in model.transformer.h)
     assert "in_out" in caplog.text and "math attention" in caplog.text
-    assert step.notes[-1] == "decode step eager: head in_out, blocks in_out, math attention"
+    name = "decode step eager: head in_out, blocks in_out, math attention"
+    assert step.notes[-2].startswith(f"passed the {name}: ") and step.notes[-1] == name
 
 
 def test_where_nothing_pays_the_step_is_the_model_s_own(monkeypatch) -> None:
