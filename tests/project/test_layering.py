@@ -25,7 +25,9 @@ LAYERS = (
     ("fast",),
     ("interop",),
     ("inspect",),
+    ("cluster",),
     ("training", "generation"),
+    ("runs",),
     ("lab",),
     ("config", "cli"),
 )
