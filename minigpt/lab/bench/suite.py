@@ -56,11 +56,11 @@ from minigpt.lab.bench.decode_batch import bench_decode_batch
 from minigpt.lab.bench.default_decode import bench_default_decode
 from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
+from minigpt.lab.bench.resources import BUSY_WARNING, busy_cores
 from minigpt.lab.bench.sections import DECODING
 from minigpt.lab.bench.speculative import bench_speculative
 from minigpt.lab.bench.step_spread import bench_step_spread
 from minigpt.lab.bench.techniques import bench_techniques
-from minigpt.lab.bench.timing import BUSY_WARNING, busy_cores
 from minigpt.lab.bench.train_loop import bench_train_loop
 from minigpt.lab.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
 

@@ -20,7 +20,7 @@ import torch
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
-from minigpt.lab.bench.timing import interleave
+from minigpt.fast.timing import interleave
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget

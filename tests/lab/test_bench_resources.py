@@ -1,5 +1,5 @@
-"""The bench's measurement helpers: summaries, interleaving order, peak memory, other processes' load, section
-selection."""
+"""The bench's own measurements and selection: peak memory, other processes' load, section selection and
+the contenders worth running."""
 
 from __future__ import annotations
 
@@ -13,37 +13,11 @@ import torch
 
 from minigpt.data.encode import cpu_count
 from minigpt.errors import UserError
-from minigpt.lab.bench import timing
+from minigpt.lab.bench import resources
 from minigpt.lab.bench.format import other_load
+from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.lab.bench.sections import select_sections
 from minigpt.lab.bench.suite import train_contenders
-from minigpt.lab.bench.timing import Timing, interleave, peak_memory_bytes
-
-
-def test_timing_summary_is_median_min_max() -> None:
-    t = Timing.from_samples([3.0, 1.0, 10.0, 2.0])
-    assert (t.median, t.min, t.max, t.repeats) == (2.5, 1.0, 10.0, 4)  # even count: mean of the middle two
-    assert Timing.from_samples([5.0, 1.0, 4.0]).median == 4.0
-    with pytest.raises(ValueError):
-        Timing.from_samples([])
-
-
-def test_interleave_alternates_contenders_after_warmup(monkeypatch) -> None:
-    """A fake clock that only the contenders advance: each timing is exactly its own calls' durations."""
-    clock, calls = [0.0], []
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
-    durations = {"a": iter([50.0, 60.0, 1.0, 2.0, 3.0]), "b": iter([70.0, 80.0, 10.0, 40.0, 20.0])}
-
-    def contender(name: str):
-        def call() -> None:
-            calls.append(name)
-            clock[0] += next(durations[name])  # the first two calls are warm-up: never counted
-        return call
-
-    result = interleave({"a": contender("a"), "b": contender("b")}, repeats=3, warmup=2)
-    assert calls == ["a", "b"] * 5  # 2 warm-up rounds + 3 timed rounds, A B A B ...
-    assert (result["a"].median, result["a"].min, result["a"].max, result["a"].repeats) == (2.0, 1.0, 3.0, 3)
-    assert (result["b"].median, result["b"].min, result["b"].max) == (20.0, 10.0, 40.0)
 
 
 @pytest.mark.slow
@@ -77,7 +51,7 @@ def test_bf16_contenders_only_where_bf16_matmuls_are_fast() -> None:
 
 def test_busy_ticks_are_all_but_idle_and_iowait() -> None:
     stat = "cpu  100 5 50 1000 20 3 2 0 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\nintr 1 2 3\n"
-    assert timing.busy_ticks(stat) == 100 + 5 + 50 + 3 + 2  # user nice system irq softirq (steal 0)
+    assert resources.busy_ticks(stat) == 100 + 5 + 50 + 3 + 2  # user nice system irq softirq (steal 0)
 
 
 @pytest.mark.slow
@@ -86,12 +60,12 @@ def test_busy_cores_count_what_others_run_while_the_bench_sleeps(tmp_path: Path)
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)
-        busy = timing.busy_cores(seconds=0.5)
+        busy = resources.busy_cores(seconds=0.5)
     finally:
         spinner.kill()
         spinner.wait()
     assert busy is not None and 0.8 < busy < cpu_count() + 0.1
-    assert timing.busy_cores(seconds=0.01, stat=tmp_path / "missing") is None
+    assert resources.busy_cores(seconds=0.01, stat=tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize(("machine", "said"), [
