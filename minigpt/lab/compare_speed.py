@@ -14,7 +14,7 @@ both). Every run logs its training loss at every step. The gate:
    the range of the per-repeat ratios.
 
 Timings are only worth something on a machine that does nothing else: before each run `busy_cores`
-(lab/bench/timing.py) measures how many cores other processes keep busy, and the report warns when any
+(lab/bench/resources.py) measures how many cores other processes keep busy, and the report warns when any
 measurement was above the bench's threshold.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minigpt.checkpoint.format import read_meta
 from minigpt.errors import UserError
-from minigpt.lab.bench.timing import BUSY_WARNING, busy_cores
+from minigpt.lab.bench.resources import BUSY_WARNING, busy_cores
 from minigpt.lab.compare_runs import Multirun, failure_line, run_together
 from minigpt.lab.loss_curves import read_scalars
 
