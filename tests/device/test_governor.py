@@ -3,6 +3,7 @@ load the test sets: down after a sharp drop with a core taken, back up once it i
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -95,3 +96,18 @@ def test_a_count_that_was_not_measured_or_not_on_a_cpu_is_left_alone(kind: str) 
     run.steps(3 * int(RECHECK_SECONDS / SLOW), SLOW)
     assert run.set == []
 
+
+@pytest.mark.slow
+def test_the_trainer_feeds_the_governor_every_step_and_records_its_threads(make_train_cfg, tmp_path,
+                                                                           monkeypatch) -> None:
+    from minigpt.training.trainer import train
+
+    fed: list[tuple[float, int]] = []
+    monkeypatch.setattr(ThreadGovernor, "step_done", lambda self, clock, tokens: fed.append((clock, tokens)))
+    cfg = make_train_cfg("trainer.max_steps=3", "logging.sample_tokens=0")
+    result = train(cfg, tmp_path / "run")
+    clocks, tokens = zip(*fed, strict=True)
+    assert len(fed) == 3 and list(clocks) == sorted(clocks) and clocks[0] > 0
+    assert set(tokens) == {cfg.trainer.batch_size * cfg.model.block_size}
+    machine = json.loads((result.checkpoint / "meta.json").read_text())["machine"]
+    assert (machine["threads"], machine["threads_reason"]) == (1, "OMP_NUM_THREADS=1")  # tests/conftest.py
