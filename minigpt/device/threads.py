@@ -20,7 +20,6 @@ calls, and it can be sized only before its first use.
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 from collections.abc import Mapping
@@ -31,8 +30,6 @@ import torch
 
 from minigpt.device.cpu_load import CpuLoad
 from minigpt.errors import UserError
-
-log = logging.getLogger(__name__)
 
 # How long the load is measured at start. Busy ticks are hundredths of a second per core, so a quarter of a
 # second reads one busy core to within a few hundredths, and the wait is lost in torch's own start-up.
@@ -110,8 +107,9 @@ def choose_threads(setting: int | None, cpu_load: CpuLoad | None = None,
 
 def set_threads(setting: int | None, cpu_load: CpuLoad | None = None,
                 environ: Mapping[str, str] = os.environ) -> ThreadChoice:
-    """Choose the thread count (`choose_threads`), set it in torch, say so in one log line, and return it."""
+    """Choose the thread count (`choose_threads`), set it in torch, and return it: each command reports it
+    where it reports a speed (training's first log line and meta.json, generation's summary line, the bench's
+    header)."""
     choice = choose_threads(setting, cpu_load, environ)
     torch.set_num_threads(choice.threads)
-    log.info("threads: %s", choice.describe())
     return choice

@@ -131,6 +131,7 @@ class Trainer:
         # the first log lines: threads (the free cores, measured), device, dtype and why. Rank 0 runs (and
         # caches) the CPU dtype probe first, so the other ranks read its result and every rank chooses alike.
         self.threads = set_threads(cfg.device.threads)
+        log.info("threads: %s", self.threads.describe())
         with distributed.main_process_first(env):
             self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank,
                                            probe_cache=Path(cfg.data.cache_dir))

@@ -6,7 +6,6 @@ test runs a real busy loop beside the real measurement and checks only the decis
 
 from __future__ import annotations
 
-import logging
 import subprocess
 import sys
 import time
@@ -129,13 +128,11 @@ def test_busy_ticks_are_all_but_idle_and_iowait_of_the_usable_cores() -> None:
     assert busy_ticks(stat, cpus={1}) == 50 + 2 + 25 + 1 + 1
 
 
-def test_set_threads_sets_torch_and_says_so_in_one_line(keep_torch_threads, caplog) -> None:
+def test_set_threads_sets_torch_and_says_why(keep_torch_threads) -> None:
     torch.set_num_threads(2)
-    with caplog.at_level(logging.INFO, logger="minigpt.device.threads"):
-        choice = set_threads(None, FakeLoad(1.0), QUIET)
+    choice = set_threads(None, FakeLoad(1.0), QUIET)
     assert torch.get_num_threads() == choice.threads == 1
-    assert [r.getMessage() for r in caplog.records] == [
-        "threads: 1 thread (other processes keep 1.00 of 2 cores busy)"]
+    assert choice.describe() == "1 thread (other processes keep 1.00 of 2 cores busy)"
 
 
 @pytest.mark.parametrize("value", [0, -2])
