@@ -3,9 +3,9 @@
 Two kinds of output, both checked by `tests/project/test_docs.py`, which fails when a checked-in file no
 longer matches, so docs/ never shows what the tools stopped printing:
     DOCS           whole files: a tool's own output for a fixed command
-    docs/performance.md's block between its bench markers: the bench's own report of docs/bench.json, the
-                   committed `python scripts/bench.py json_out=docs/bench.json` run (the rest of the page
-                   is written by hand)
+    BENCH_RUNS     docs/performance.md's blocks between their markers: the bench's own report of each
+                   committed run, docs/bench.json (`python scripts/bench.py json_out=docs/bench.json`) and
+                   docs/busy.json (its busy section); the rest of the page is written by hand
 """
 
 from __future__ import annotations
@@ -31,8 +31,13 @@ DOCS = {
     "docs/decoding.md": ("decoding_doc", ["docs/decoding.json", "docs/decoding.md"]),
 }
 
-BENCH_JSON, PERFORMANCE = "docs/bench.json", "docs/performance.md"
-BENCH_BEGIN, BENCH_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+PERFORMANCE = "docs/performance.md"
+# the page's generated blocks: marker name -> the committed bench run it shows
+BENCH_RUNS = {"bench": "docs/bench.json", "busy": "docs/busy.json"}
+
+
+def markers(name: str) -> tuple[str, str]:
+    return f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
 
 
 def render(script: str, args: list[str]) -> str:
@@ -48,20 +53,22 @@ def render(script: str, args: list[str]) -> str:
     return out.getvalue()
 
 
-def render_bench(results: dict) -> str:
-    """The performance page's generated block, markers included: the bench's text report of `results`."""
+def render_bench(results: dict, name: str) -> str:
+    """The performance page's block `name`, markers included: the bench's text report of `results`."""
     from minigpt.lab.bench.report import format_report
 
-    return "\n".join([BENCH_BEGIN, f"<!-- written by scripts/update_docs.py from {BENCH_JSON}; do not edit "
-                      "by hand -->", "", "```", format_report(results), "```", BENCH_END])
+    begin, end = markers(name)
+    return "\n".join([begin, f"<!-- written by scripts/update_docs.py from {BENCH_RUNS[name]}; do not edit "
+                      "by hand -->", "", "```", format_report(results), "```", end])
 
 
-def with_bench_block(page: str, results: dict) -> str:
-    """`page` with the block between the bench markers replaced by `render_bench(results)`."""
-    start, end = page.find(BENCH_BEGIN), page.find(BENCH_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"error: {PERFORMANCE} has no {BENCH_BEGIN} ... {BENCH_END} block")
-    return page[:start] + render_bench(results) + page[end + len(BENCH_END):]
+def with_bench_block(page: str, results: dict, name: str) -> str:
+    """`page` with the block between `name`'s markers replaced by `render_bench(results, name)`."""
+    begin, end = markers(name)
+    start, stop = page.find(begin), page.find(end)
+    if start < 0 or stop < start:
+        raise SystemExit(f"error: {PERFORMANCE} has no {begin} ... {end} block")
+    return page[:start] + render_bench(results, name) + page[stop + len(end):]
 
 
 def main() -> None:
@@ -69,9 +76,11 @@ def main() -> None:
         (ROOT / doc).write_text(render(script, args))
         print(f"wrote {doc}")
     page = ROOT / PERFORMANCE
-    results = json.loads((ROOT / BENCH_JSON).read_text())
-    page.write_text(with_bench_block(page.read_text(), results))
-    print(f"wrote {PERFORMANCE} (from {BENCH_JSON})")
+    text = page.read_text()
+    for name, run in BENCH_RUNS.items():
+        text = with_bench_block(text, json.loads((ROOT / run).read_text()), name)
+    page.write_text(text)
+    print(f"wrote {PERFORMANCE} (from {', '.join(BENCH_RUNS.values())})")
 
 
 if __name__ == "__main__":

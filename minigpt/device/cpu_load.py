@@ -12,6 +12,10 @@ run on count (the CPU mask of a container or a batch job).
     cpu_load.others_busy(since)           # 0.98: another process kept about one core busy meanwhile
 
 Where there is no /proc/stat (macOS, Windows) `sample()` is None and nothing is measured.
+
+Busy ticks rather than timing a small op at 1 and N threads: on a shared core such a timing is at the
+scheduler's mercy and scatters over an order of magnitude, where the ticks read the same load to a few
+hundredths of a core (the measurement: docs/training.md, Threads).
 """
 
 from __future__ import annotations
