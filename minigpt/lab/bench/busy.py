@@ -1,6 +1,5 @@
 """Training on a busy machine: the default run's tokens/s alone and beside a CPU-bound competitor, with the
-thread count chosen by measurement and with one thread per core (torch's default, and minigpt's before it
-measured).
+thread count chosen by measurement and with one thread per core (torch's own default).
 
 The competitor is a Python busy loop in a process of its own, which the section starts and stops. The
 trainer's step of the default model (techniques.default_model_step: the trainer's autocast, fused loss and
