@@ -72,18 +72,20 @@ def thread_ceiling(cpus: set[int], environ: Mapping[str, str] = os.environ,
                 raise UserError(f"{name}={value!r} is not a positive number of threads (unset it, or set "
                                 "device.threads=N)")
             return int(first), f"{name}={first}"
-    cores = physical_cores(cpus, sys_cpu)
-    return cores, f"{cores} physical core{'' if cores == 1 else 's'}"
+    physical = physical_cores(cpus, sys_cpu)
+    if physical is None:  # not Linux: the logical cores are all there is to count
+        return len(cpus), f"{len(cpus)} core{'' if len(cpus) == 1 else 's'}"
+    return physical, f"{physical} physical core{'' if physical == 1 else 's'}"
 
 
-def physical_cores(cpus: set[int], sys_cpu: Path = SYS_CPU) -> int:
+def physical_cores(cpus: set[int], sys_cpu: Path = SYS_CPU) -> int | None:
     """Physical cores among the logical `cpus` (hyperthreads of one core share its core and package ids);
-    where the topology is not readable (not Linux), every logical one counts."""
+    None where the topology is not readable (not Linux)."""
     try:
         cores = {((sys_cpu / f"cpu{cpu}" / "topology" / "physical_package_id").read_text().strip(),
                   (sys_cpu / f"cpu{cpu}" / "topology" / "core_id").read_text().strip()) for cpu in cpus}
     except OSError:
-        return max(1, len(cpus))
+        return None
     return max(1, len(cores))
 
 

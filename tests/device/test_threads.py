@@ -116,7 +116,8 @@ def test_hyperthreads_of_one_core_count_once(tmp_path: Path) -> None:
         (topology / "core_id").write_text(f"{core}\n")
     assert physical_cores({0, 1, 2, 3}, tmp_path) == 2
     assert physical_cores({0, 2}, tmp_path) == 1  # a CPU mask holding both threads of one core
-    assert physical_cores({0, 1, 2}, tmp_path / "missing") == 3  # no topology: every logical CPU
+    assert physical_cores({0, 1, 2}, tmp_path / "missing") is None  # not Linux
+    assert thread_ceiling({0, 1, 2}, QUIET, tmp_path / "missing") == (3, "3 cores")  # every logical CPU
 
 
 def test_busy_ticks_are_all_but_idle_and_iowait_of_the_usable_cores() -> None:
