@@ -100,7 +100,7 @@ def test_a_count_that_was_not_measured_or_not_on_a_cpu_is_left_alone(kind: str) 
 @pytest.mark.slow
 def test_the_trainer_feeds_the_governor_every_step_and_records_its_threads(make_train_cfg, tmp_path,
                                                                            monkeypatch) -> None:
-    from minigpt.training.trainer import train
+    from minigpt.runs.train import train
 
     fed: list[tuple[float, int]] = []
     monkeypatch.setattr(ThreadGovernor, "step_done", lambda self, clock, tokens: fed.append((clock, tokens)))
