@@ -149,7 +149,7 @@ def run_samples(
     for text in texts[1:]:
         out.write(SEPARATOR + prompt + text)
     out.write("\n")
-    err.write(stats.summary() + "\n")
+    err.write(f"{stats.summary()} | threads: {torch.get_num_threads()}\n")
     return texts, stats
 
 
