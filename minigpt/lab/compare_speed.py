@@ -13,8 +13,8 @@ both). Every run logs its training loss at every step. The gate:
    `train_seconds` of each run's checkpoint), the median over the repeats of each arm, and their ratio with
    the range of the per-repeat ratios.
 
-Timings are only worth something on a machine that does nothing else: before each run `busy_cores`
-(lab/bench/resources.py) measures how many cores other processes keep busy, and the report warns when any
+Timings are only worth something on a machine that does nothing else: before each run `CpuLoad`
+(device/cpu_load.py) measures how many cores other processes keep busy, and the report warns when any
 measurement was above the bench's threshold.
 """
 
@@ -27,8 +27,9 @@ import statistics
 from pathlib import Path
 
 from minigpt.checkpoint.format import read_meta
+from minigpt.device.cpu_load import CpuLoad
 from minigpt.errors import UserError
-from minigpt.lab.bench.resources import BUSY_WARNING, busy_cores
+from minigpt.lab.bench.suite import BUSY_SECONDS, BUSY_WARNING
 from minigpt.lab.compare_runs import Multirun, failure_line, run_together
 from minigpt.lab.loss_curves import read_scalars
 
@@ -58,7 +59,7 @@ def speed_runs(baseline: tuple[str, ...], candidate: tuple[str, ...], steps: int
         for arm, overrides in (("baseline", baseline), ("candidate", candidate)):
             m = Multirun((*overrides, *STEP_BUDGET, f"trainer.max_steps={steps}", *QUIET_RUN), (seed,),
                          out / arm, out / "logs" / f"{arm}-r{repeat}.log", prefix=f"r{repeat}_")
-            busy = busy_cores()
+            busy = CpuLoad().measure(BUSY_SECONDS)
             failed = run_together([m], train_args, threads)
             if failed:
                 raise UserError(failure_line(failed[0][1], failed[0][2]))
