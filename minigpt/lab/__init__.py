@@ -6,6 +6,7 @@
     runs.py             the runs of a configs x seeds sweep as rows of data, and each config's summary
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
+    ablation_rows.py    what the design claims about each of its rows, written once
     ablation_report.py  its table, figures and the block of docs/ablation.md, over seeds
     compare_sequential.py  the confidence sequence that decides a comparison, and its simulation
     compare_runs.py     training runs as Hydra multiruns of train.py, side by side or a few at a time

@@ -15,7 +15,8 @@ from conftest import CONFIG_DIR, ROOT, compose_train, fast_overrides
 
 from minigpt.cli import to_object
 from minigpt.data.eval_windows import eval_windows
-from minigpt.lab.ablation_report import BEGIN, END, ROWS, doc_block, render_block
+from minigpt.lab.ablation_report import BEGIN, END, doc_block, render_block
+from minigpt.lab.ablation_rows import ROWS
 from minigpt.lab.loss_curves import read_scalars
 from minigpt.model.factory import build_model
 from minigpt.runs.train import train
