@@ -9,6 +9,8 @@ large ones that dominate a raw gradient. One step of a matrix W (out x in):
     N   =  G + μ (M - G)                        (Nesterov: look ahead along the momentum)
     O   ≈  U Vᵀ of N                            (`orthogonalize`, five Newton-Schulz iterations)
     W   <- (1 - lr · λ) W - lr · sqrt(max(1, out / in)) · O
+           (cautious weight decay: λ only on the entries where O and W have the same sign, those the update
+           already moves towards zero; the others are left to the gradient)
 
 The factor sqrt(max(1, out/in)) gives tall matrices (more outputs than inputs, e.g. the FFN's up
 projection) the same per-entry step size as square ones. U Vᵀ would need an SVD; the iteration
@@ -60,15 +62,15 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others.
 
-    Muon groups take lr, weight_decay, momentum, ns_steps; AdamW groups take lr, weight_decay,
+    Muon groups take lr, weight_decay, cautious, momentum, ns_steps; AdamW groups take lr, weight_decay,
     betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's: `momentum_buffer` for a
     Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW parameter, so checkpoints save and restore it
     like any optimizer's.
     """
 
     def __init__(self, groups: list[dict]) -> None:
-        defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, momentum=0.95, ns_steps=5, betas=(0.9, 0.95),
-                        eps=1e-8)
+        defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, cautious=False, momentum=0.95, ns_steps=5,
+                        betas=(0.9, 0.95), eps=1e-8)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -98,7 +100,10 @@ class MuonAdamW(torch.optim.Optimizer):
             m.lerp_(p.grad, 1 - mu)  # M <- μ M + (1 - μ) G
             nesterov = p.grad.lerp(m, mu)  # G + μ (M - G)
             update = orthogonalize(nesterov, group["ns_steps"])
-            p.mul_(1 - lr * group["weight_decay"])
+            if group["cautious"]:  # decay only where the update already moves the entry towards 0
+                p.sub_(p * (update * p > 0), alpha=lr * group["weight_decay"])
+            else:
+                p.mul_(1 - lr * group["weight_decay"])
             p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
     def _adamw_step(self, group: dict, params: list[torch.Tensor]) -> None:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from minigpt.errors import UserError
+from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW
@@ -24,10 +25,14 @@ from minigpt.training.muon import MuonAdamW
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | None = None) -> list[dict]:
-    """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and with
-    `embed_lr_scale` the embedding tables into a third, undecayed group of their own at that multiple of
-    optim.lr (optim.embed_lr). Each group's `lr_scale` is its lr over optim.lr (`LRSchedule.apply`).
+def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, float | None] | None = None
+                 ) -> list[dict]:
+    """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and into
+    groups of their own at a multiple of optim.lr where `lr_scales` (`OptimConfig.lr_scales`) gives one:
+    `tables` (the embedding tables, undecayed; optim.embed_lr), `head` (the untied output head, decayed;
+    optim.head_lr), `scalars` (the residual scalars of model/residual_scalars.py, undecayed; optim.scalar_lr).
+    Each group has a `name`, its `lr_scale` (its lr over optim.lr, `LRSchedule.apply`) and whether it is
+    `decayed`.
 
     Weight decay pulls weights towards zero, which regularises the linear maps. It is wrong for norm gains
     (pulling them to zero shrinks the signal, not the model's capacity) and pointless for biases. Embeddings
@@ -40,26 +45,30 @@ def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | 
     step is about lr whatever the gradient's size; so the tables may want a far higher lr than the matrices
     that every token trains (record-setting small-GPT runs give them tens of times the head's).
     """
-    decay, no_decay, tables = [], [], []
-    seen: set[int] = set()
+    scales = {"tables": None, "head": None, "scalars": None, **(lr_scales or {})}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    scalars = [m for m in model.modules() if isinstance(m, ResidualScalars)]
+    own = {"tables": embeddings, "head": {id(head.weight)} - embeddings if head is not None else set(),
+           "scalars": {id(p) for m in scalars for p in m.parameters()}}
+    own = {name: ids for name, ids in own.items() if scales[name] is not None}
+    found: dict[str, list[nn.Parameter]] = {name: [] for name in ("matrices", "other", *own)}
+    seen: set[int] = set()
     for _, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if p.dim() >= 2 and id(p) not in embeddings:
-            decay.append(p)
-        elif id(p) in embeddings and embed_lr_scale is not None:
-            tables.append(p)
-        else:
-            no_decay.append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "lr_scale": 1.0},
-        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
-    ]
-    if embed_lr_scale is not None:
-        groups.append({"params": tables, "weight_decay": 0.0, "lr_scale": embed_lr_scale})
-    return groups
+        name = next((g for g, ids in own.items() if id(p) in ids), None)
+        found[name or ("matrices" if p.dim() >= 2 and id(p) not in embeddings else "other")].append(p)
+    decayed = {"matrices": True, "other": False, "tables": False, "head": True, "scalars": False}
+    return [{"name": name, "params": params, "weight_decay": weight_decay if decayed[name] else 0.0,
+             "lr_scale": scales.get(name) or 1.0, "decayed": decayed[name]} for name, params in found.items()]
+
+
+def adam_betas(group: dict, cfg: OptimConfig) -> tuple[float, float]:
+    """AdamW's betas for `group`: optim.beta1 and optim.beta2 (the tables: optim.embed_beta2 where set)."""
+    tables = group["name"] == "tables" and cfg.embed_beta2 is not None
+    return cfg.beta1, cfg.embed_beta2 if tables else cfg.beta2
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
@@ -68,8 +77,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     optim.name=muon: `build_muon`."""
     if cfg.name == "muon":
         return build_muon(model, cfg)
-    groups = [{**g, "lr": cfg.lr * g["lr_scale"]}
-              for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
+    groups = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": adam_betas(g, cfg)}
+              for g in param_groups(model, cfg.weight_decay, cfg.lr_scales)]
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_other = sum(p.numel() for g in groups[1:] for p in g["params"])
     log.info("AdamW: %d decayed parameters, %d not decayed (norms, biases, embeddings)", n_decay, n_other)
@@ -100,14 +109,15 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
                         "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
-                   for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
+                   for g in param_groups(model, cfg.weight_decay, cfg.lr_scales)]
     n_muon = sum(p.numel() for p in matrices)
     n_adam = sum(p.numel() for g in adam_groups for p in g["params"])
     log.info("Muon: %d parameters in %d matrices; AdamW: %d (embeddings, head, norms, gates)",
              n_muon, len(matrices), n_adam)
     muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
-            "weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
-    adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+            "weight_decay": cfg.weight_decay, "decayed": True, "cautious": cfg.cautious_weight_decay,
+            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
+    adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": adam_betas(g, cfg), "eps": cfg.eps}
             for g in adam_groups if g["params"]]
     return MuonAdamW([muon, *adam])
 
@@ -140,6 +150,35 @@ def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: st
     return warm * (min_lr_ratio + (1.0 - min_lr_ratio) * decay)
 
 
+def muon_momentum(step: int, progress: float, cfg: OptimConfig) -> float:
+    """Muon's momentum for optimizer step `step` (0-based) with `progress` of the budget used:
+
+        warmup    start + (peak - start) * step / W            step < W = muon_momentum_warmup_steps
+        cooldown  peak + (end - peak) * (p - (1 - c)) / c      p > 1 - c, c = cooldown_ratio
+        else      peak = muon_momentum                          (start, end: muon_momentum_start, _end)
+
+    A shorter average at first follows the fast-changing early gradients; at the end it follows the decaying
+    lr's small steps more closely. The warmup wins where the two would overlap (runs under W / (1 - c)).
+    """
+    peak = cfg.muon_momentum
+    if cfg.muon_momentum_start is not None and step < cfg.muon_momentum_warmup_steps:
+        start = cfg.muon_momentum_start
+        return start + (peak - start) * step / cfg.muon_momentum_warmup_steps
+    c, p = cfg.cooldown_ratio, min(max(progress, 0.0), 1.0)
+    if cfg.muon_momentum_end is not None and c > 0 and p > 1.0 - c:
+        return peak + (cfg.muon_momentum_end - peak) * (p - (1.0 - c)) / c
+    return peak
+
+
+def weight_decay_multiplier(progress: float, schedule: str) -> float:
+    """The factor on optim.weight_decay with `progress` of the budget used: 1 (constant), or
+    (1 + cos(pi p)) / 2 (cosine): the pull towards zero fades as the lr does, so that the last steps are not
+    spent shrinking weights."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
 class LRSchedule:
     """`lr_multiplier` for one run's budget; `apply` sets the lr on the optimizer before each step.
 
@@ -167,8 +206,17 @@ class LRSchedule:
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float, tokens: int) -> float:
         """Set step `step`'s lr on every parameter group and return it. A group's `lr_scale` (1 if it has
-        none; Muon's matrices have their own peak, `build_muon`) multiplies it."""
+        none; Muon's matrices have their own peak, `build_muon`) multiplies it. Muon's momentum
+        (`muon_momentum`) and the decayed groups' weight decay (`weight_decay_multiplier`) follow the same
+        progress through the budget."""
+        c = self.cfg
+        progress = self.progress(step, seconds, tokens)
         lr = self.lr(step, seconds, tokens)
+        decay = c.weight_decay * weight_decay_multiplier(progress, c.weight_decay_schedule)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
+            if group.get("muon"):
+                group["momentum"] = muon_momentum(step, progress, c)
+            if group.get("decayed"):
+                group["weight_decay"] = decay
         return lr
