@@ -93,6 +93,11 @@ def _refuse_techniques(cfg: ModelConfig, target: str) -> None:
         ("smear", cfg.smear, False, "it mixes the previous token's embedding into each token's"),
         ("bigram_embed", cfg.bigram_embed, 0, "it adds a hashed (previous, current) token-pair table"),
         ("logit_softcap", cfg.logit_softcap, 0.0, "its logits are soft-capped"),
+        ("norm_gain", cfg.norm_gain, True, "its norms have no learned gain"),
+        ("embed_norm", cfg.embed_norm, False, "its token embedding is normalised"),
+        ("residual_scalars", cfg.residual_scalars, False, "its blocks read learned mixes of the stream and "
+                                                          "the embedding"),
+        ("backout", cfg.backout, False, "its head subtracts part of the middle of the stack"),
     ]
     for key, value, plain, what in added:
         if value != plain:

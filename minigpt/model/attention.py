@@ -30,7 +30,8 @@ before the KV cache, which therefore stores the changed keys and values):
 - `model.value_embeds`: each layer's values get a token-indexed vector added, v += g · e[token], where e
   is the layer's own table (GPT owns the tables and passes the rows in as `value_embed`) and
   g = 2·sigmoid(x W_g) is one gate per key/value head, read from the block's input. W_g starts at zero, so
-  g starts at 1. The table gives every layer direct access to the token's identity.
+  g starts at 1. The table gives every layer direct access to the token's identity. With
+  `model.value_embed_every=k` only every k-th layer has a table (and a gate), counted back from the last.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ class CausalSelfAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
-        if config.value_embeds:
+        if config.has_value_embed(layer_idx):
             self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by GPT.init_weights
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention

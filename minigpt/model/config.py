@@ -8,8 +8,10 @@ ablation`); `ablation_warnings` says in words what a model built with them gave 
 
 Beside them stand the *technique switches*: pieces that record-setting small-GPT training runs add (QK-norm,
 ReLU², zero-initialised projections, value embeddings, the previous-token smear, a hashed bigram embedding,
-logit soft-capping). Each is off by default until measurements show it wins at this codebase's scale
-(docs/tricks.md has the table), and each keeps the cached and uncached decoders in agreement.
+logit soft-capping, norms without a learned gain, a norm right after the embedding, per-layer scalars on the
+residual stream and on the embedding, the backout). Each is off by default until measurements show it wins at
+this codebase's scale (docs/tricks.md has the table), and each keeps the cached and uncached decoders in
+agreement.
 """
 
 from __future__ import annotations
@@ -66,9 +68,14 @@ class ModelConfig:
     qk_norm: bool = False  # RMS-normalise every head's queries and keys (learned gains) before the scores
     zero_init_proj: bool = False  # W_O and the FFN down projection start at zero: blocks start as identity
     value_embeds: bool = False  # each layer adds a token-indexed table to its values, through a learned gate
+    value_embed_every: int = 1  # value_embeds on every k-th layer counted back from the last; 2: alternating
     smear: bool = False  # mix the previous token's embedding into each token's, through a learned gate
     bigram_embed: int = 0  # rows of a hashed (previous, current) token-pair table added to the embeddings
     logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
+    norm_gain: bool = True  # false: the residual stream's norms only normalise (no learned gain, nor bias)
+    embed_norm: bool = False  # a norm right after the token embedding (model/residual_scalars.py)
+    residual_scalars: bool = False  # block i reads a_i x + b_i x0 (x0: the embedding), a_i and b_i learned
+    backout: bool = False  # the head reads x - c x_mid, x_mid the stream after the middle block, c learned
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,6 +88,11 @@ class ModelConfig:
     def reads_previous_token(self) -> bool:
         """Whether a token's embedding also reads the token before it (smear, the bigram table)."""
         return self.smear or bool(self.bigram_embed)
+
+    def has_value_embed(self, layer: int) -> bool:
+        """Whether layer `layer` adds a value-embedding table: every `value_embed_every`-th layer counted back
+        from the last, which always has one."""
+        return self.value_embeds and (self.n_layer - 1 - layer) % self.value_embed_every == 0
 
     @property
     def head_dim(self) -> int:
@@ -130,6 +142,9 @@ class ModelConfig:
             raise UserError(f"model.norm_eps={self.norm_eps} must be positive")
         if self.bigram_embed < 0:
             raise UserError(f"model.bigram_embed={self.bigram_embed} must be >= 0 (table rows; 0: off)")
+        if self.value_embed_every < 1:
+            raise UserError(f"model.value_embed_every={self.value_embed_every} must be at least 1 (1: every "
+                            "layer, 2: alternating layers)")
         if self.logit_softcap < 0:
             raise UserError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: off; e.g. 15 or 30)")
         self._validate_ablations()

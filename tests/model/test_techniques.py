@@ -32,6 +32,11 @@ SWITCHES = {
     "smear": {"smear": True},
     "bigram_embed": {"bigram_embed": 37},
     "logit_softcap": {"logit_softcap": 2.0},
+    "value_embed_every": {"value_embeds": True, "value_embed_every": 2, "n_layer": 3},
+    "norm_gain": {"norm_gain": False},
+    "embed_norm": {"embed_norm": True},
+    "residual_scalars": {"residual_scalars": True, "n_layer": 3},
+    "backout": {"backout": True, "n_layer": 3},
 }
 ALL_ON = {k: v for overrides in SWITCHES.values() for k, v in overrides.items()}
 
@@ -59,12 +64,15 @@ def test_every_switch_is_off_by_default():
     cfg = ModelConfig()
     assert (cfg.qk_norm, cfg.zero_init_proj, cfg.value_embeds, cfg.smear, cfg.bigram_embed,
             cfg.logit_softcap, cfg.activation) == (False, False, False, False, 0, 0.0, "swiglu")
+    assert (cfg.value_embed_every, cfg.norm_gain, cfg.embed_norm, cfg.residual_scalars, cfg.backout) == (
+        1, True, False, False, False)
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"bigram_embed": -1}, "model.bigram_embed=-1 must be >= 0"),
     ({"logit_softcap": -3.0}, "model.logit_softcap=-3.0 must be >= 0"),
     ({"activation": "relu3"}, "model.activation='relu3' is not one of: relu, relu2,"),
+    ({"value_embed_every": 0}, "model.value_embed_every=0 must be at least 1"),
 ])
 def test_bad_values_are_one_line_user_errors_naming_the_key(overrides, message):
     with pytest.raises(UserError) as err:
@@ -120,7 +128,7 @@ def test_value_embeds_add_the_gated_table_row_to_the_values():
 def test_value_embeds_have_one_table_per_layer_and_their_gates_start_at_one():
     model = build_model(shrunk_config("modern", value_embeds=True))
     assert len(model.transformer.ve) == model.config.n_layer
-    assert model.transformer.ve[0].weight.shape == (VOCAB, model.config.kv_heads * model.config.head_dim)
+    assert model.transformer.ve["0"].weight.shape == (VOCAB, model.config.kv_heads * model.config.head_dim)
     for block in model.transformer.h:
         assert (block.attn.ve_gate.weight == 0).all()  # 2·sigmoid(0) = 1
 
@@ -238,7 +246,7 @@ def test_the_embedding_tables_are_not_counted_as_compute():
     tables = build_model(shrunk_config("modern", value_embeds=True, bigram_embed=37))
     gates = sum(b.attn.ve_gate.weight.numel() for b in tables.transformer.h)
     assert tables.num_params(non_embedding=True) == plain.num_params(non_embedding=True) + gates
-    extra = sum(t.weight.numel() for t in tables.transformer.ve) + 37 * plain.config.n_embd
+    extra = sum(t.weight.numel() for t in tables.transformer.ve.values()) + 37 * plain.config.n_embd
     assert tables.num_params(non_embedding=False) == plain.num_params(non_embedding=False) + gates + extra
 
 
