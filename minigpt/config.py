@@ -23,6 +23,7 @@ from minigpt.lab.config import (
     PEPlotsConfig,
     ScalingConfig,
     ShapeWalkConfig,
+    SideBySideConfig,
     SpeedrunConfig,
     TemperatureConfig,
 )
@@ -36,6 +37,7 @@ SCHEMAS = {
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
+    "side_by_side_schema": SideBySideConfig,
 }
 
 
