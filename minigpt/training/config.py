@@ -58,6 +58,9 @@ class OptimConfig:
     muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
+    # each neuron's share of Muon's update evened out by a running mean of its squares with this decay
+    # (NorMuon, training/muon.py normalize_neurons); null: off
+    muon_beta2: float | None = None
     # Muon's momentum over the run (training/optim.py muon_momentum): from muon_momentum_start up to
     # muon_momentum over the first muon_momentum_warmup_steps steps, and down to muon_momentum_end over the
     # last cooldown_ratio of the budget; null / 0: muon_momentum throughout
@@ -84,8 +87,10 @@ class OptimConfig:
         for name in ("embed_lr", "head_lr", "scalar_lr"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise UserError(f"optim.{name}={getattr(self, name)} must be positive (or null: optim.lr)")
-        if self.embed_beta2 is not None and not 0.0 <= self.embed_beta2 < 1.0:
-            raise UserError(f"optim.embed_beta2={self.embed_beta2} must be in [0, 1) (or null: optim.beta2)")
+        for name, null in (("embed_beta2", "optim.beta2"), ("muon_beta2", "off")):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise UserError(f"optim.{name}={value} must be in [0, 1) (or null: {null})")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if self.muon_ns_steps < 1:

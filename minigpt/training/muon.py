@@ -8,6 +8,7 @@ large ones that dominate a raw gradient. One step of a matrix W (out x in):
     M   <- μ M + (1 - μ) G                      (momentum, as a running average)
     N   =  G + μ (M - G)                        (Nesterov: look ahead along the momentum)
     O   ≈  U Vᵀ of N                            (`orthogonalize`, five Newton-Schulz iterations)
+    O   <- O ⊘ sqrt(V) · ||O|| / ||O ⊘ sqrt(V)||    (with optim.muon_beta2: `normalize_neurons`)
     W   <- (1 - lr · λ) W - lr · sqrt(max(1, out / in)) · O
            (cautious weight decay: λ only on the entries where O and W have the same sign, those the update
            already moves towards zero; the others are left to the gradient)
@@ -59,18 +60,32 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return (x.t() if tall else x).to(g.dtype)
 
 
+def normalize_neurons(update: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
+    """(m, n) orthogonalised update -> (m, n): each neuron's share evened out, the whole keeping its norm.
+
+    The orthogonal factor gives every direction the same size, but not every neuron (a row of a tall or
+    square matrix, a column of a wide one): some rows of U Vᵀ are much longer than others. V, a running
+    mean (decay beta2) of each neuron's mean square, (m, 1) or (1, n) and updated in place, divides them out,
+    and the result is scaled back to the norm it had, so only the shares change (NorMuon).
+    """
+    dim = -1 if update.shape[0] >= update.shape[1] else -2  # average over the shorter side
+    second_moment.lerp_(update.float().square().mean(dim=dim, keepdim=True), 1 - beta2)
+    scaled = update / second_moment.sqrt().clamp_min(NS_EPS)
+    return (scaled * (update.norm() / scaled.norm().clamp_min(NS_EPS))).to(update.dtype)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others.
 
-    Muon groups take lr, weight_decay, cautious, momentum, ns_steps; AdamW groups take lr, weight_decay,
-    betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's: `momentum_buffer` for a
-    Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW parameter, so checkpoints save and restore it
-    like any optimizer's.
+    Muon groups take lr, weight_decay, cautious, momentum, ns_steps, beta2 (None: no `normalize_neurons`);
+    AdamW groups take lr, weight_decay, betas, eps (the meaning torch.optim.AdamW gives them). The state is
+    torch's: `momentum_buffer` (and `second_moment`) for a Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an
+    AdamW parameter, so checkpoints save and restore it like any optimizer's.
     """
 
     def __init__(self, groups: list[dict]) -> None:
         defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, cautious=False, momentum=0.95, ns_steps=5,
-                        betas=(0.9, 0.95), eps=1e-8)
+                        beta2=None, betas=(0.9, 0.95), eps=1e-8)
         super().__init__(groups, defaults)
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
@@ -100,6 +115,11 @@ class MuonAdamW(torch.optim.Optimizer):
             m.lerp_(p.grad, 1 - mu)  # M <- μ M + (1 - μ) G
             nesterov = p.grad.lerp(m, mu)  # G + μ (M - G)
             update = orthogonalize(nesterov, group["ns_steps"])
+            if group["beta2"] is not None:
+                if "second_moment" not in state:
+                    long_side = (p.shape[0], 1) if p.shape[0] >= p.shape[1] else (1, p.shape[1])
+                    state["second_moment"] = torch.zeros(long_side, device=p.device)
+                update = normalize_neurons(update, state["second_moment"], group["beta2"])
             if group["cautious"]:  # decay only where the update already moves the entry towards 0
                 p.sub_(p * (update * p > 0), alpha=lr * group["weight_decay"])
             else:

@@ -116,7 +116,7 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
              n_muon, len(matrices), n_adam)
     muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
             "weight_decay": cfg.weight_decay, "decayed": True, "cautious": cfg.cautious_weight_decay,
-            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
+            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps, "beta2": cfg.muon_beta2}
     adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": adam_betas(g, cfg), "eps": cfg.eps}
             for g in adam_groups if g["params"]]
     return MuonAdamW([muon, *adam])

@@ -14,7 +14,7 @@ from minigpt.errors import UserError
 from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
-from minigpt.training.muon import orthogonalize
+from minigpt.training.muon import normalize_neurons, orthogonalize
 from minigpt.training.optim import LRSchedule, build_optimizer, muon_momentum, weight_decay_multiplier
 
 MOMENTUM = dict(muon_momentum=0.97, muon_momentum_start=0.85, muon_momentum_warmup_steps=400,
@@ -112,3 +112,38 @@ def test_bad_values_are_one_line_user_errors(values, message):
     with pytest.raises(UserError) as err:
         OptimConfig(**values)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_normalize_neurons_evens_the_rows_and_keeps_the_norm():
+    torch.manual_seed(0)
+    update = torch.randn(12, 5) * torch.linspace(0.1, 3.0, 12)[:, None]  # tall: rows of very unequal length
+    v = torch.zeros(12, 1)
+    out = normalize_neurons(update, v, beta2=0.9)
+    rms = (update.square().mean(dim=1, keepdim=True) * 0.1).sqrt()  # V after one step from 0: 0.1 · mean(O²)
+    want = update / rms
+    want = want * update.norm() / want.norm()
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(v, update.square().mean(dim=1, keepdim=True) * 0.1)
+    assert out.norm() == pytest.approx(update.norm().item(), rel=1e-5)
+    row_norms = out.norm(dim=1)
+    assert row_norms.max() / row_norms.min() < 1.0001  # every row the same length after one step
+    wide = normalize_neurons(update.T.contiguous(), torch.zeros(1, 12), beta2=0.9)  # wide: per column
+    torch.testing.assert_close(wide, out.T)
+
+
+def test_muon_with_beta2_steps_by_the_normalised_update():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 6))
+    w.grad = torch.randn(8, 6)
+    before = w.detach().clone()
+    model = torch.nn.Module()
+    model.transformer = torch.nn.ModuleDict({"h": torch.nn.ParameterList([w])})
+    opt = build_optimizer(model, OptimConfig(muon_lr=0.1, muon_momentum=0.9, muon_beta2=0.95))
+    opt.param_groups[0]["lr"] = 0.1
+    opt.step()
+    update = orthogonalize(w.grad + 0.9 * (0.1 * w.grad - w.grad))
+    v = 0.05 * update.square().mean(dim=1, keepdim=True)
+    normalised = update / v.sqrt()
+    normalised = normalised * update.norm() / normalised.norm()
+    torch.testing.assert_close(w.detach(), before - 0.1 * math.sqrt(8 / 6) * normalised)
+    torch.testing.assert_close(opt.state[w]["second_moment"], v)
