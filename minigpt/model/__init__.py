@@ -13,7 +13,8 @@ Shape legend, used in every docstring and `# (...)` comment of this package:
     L    n_layer
 
 Data flow (read the files in this order): embedding.py (token embedding + positional encoding),
-rope.py, norm.py, attention.py (+ online_softmax.py), ffn.py, block.py, kv_cache.py, gpt.py, factory.py;
+previous_token.py (the smear and the bigram table), rope.py, norm.py, attention.py (+ online_softmax.py),
+ffn.py, block.py, residual_scalars.py, kv_cache.py, init.py (how the weights start), gpt.py, factory.py;
 int8.py, packed.py and streamed.py (the ways a decode step's products and one-query attention can be
 computed, chosen by generation/kernels.py) stand beside them.
 Nothing is imported here, so `minigpt.model.config` can be imported without torch (the config schemas do).

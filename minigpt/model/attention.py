@@ -122,7 +122,7 @@ class CausalSelfAttention(nn.Module):
             self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
             self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
         if config.has_value_embed(layer_idx):
-            self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by GPT.init_weights
+            self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by init.py
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
         # A single new query on a KV cache (a decode step) may use another backend: the fastest one for that

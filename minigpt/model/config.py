@@ -29,6 +29,7 @@ ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_BACKENDS = ("math", "sdpa", "online")
 ATTN_SCALES = ("sqrt", "none")  # scores = q·kᵀ/√D | q·kᵀ (an ablation)
 DEFAULT_ROPE_BASE = 10000.0
+INITS = ("gpt2", "fan_in")  # model/init.py
 
 
 @dataclass
@@ -59,6 +60,7 @@ class ModelConfig:
     bias: bool = False
     tie_weights: bool = False
     rope_base: float = DEFAULT_ROPE_BASE
+    init: str = "gpt2"  # how the weights start (model/init.py): gpt2 (N(0, 0.02²)) | fan_in (1/√fan_in)
     # ablation switches: the defaults keep each piece; see the module docstring and ablation_warnings
     causal: bool = True  # false: no causal mask in training mode (eval and sampling stay causal)
     attn_scale: str = "sqrt"  # none: raw q·kᵀ scores, no 1/√D
@@ -109,6 +111,10 @@ class ModelConfig:
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("attention", self.attention, ATTENTION_BACKENDS)
         _check_choice("attn_scale", self.attn_scale, ATTN_SCALES)
+        _check_choice("init", self.init, INITS)
+        if self.init == "fan_in" and self.tie_weights:
+            raise UserError("model.init=fan_in starts the token table at std 1 and the head at 0.001; one "
+                            "tied matrix cannot be both (set model.tie_weights=false, or model.init=gpt2)")
         if self.n_embd % self.n_head:
             lo = self.n_embd - self.n_embd % self.n_head
             raise UserError(

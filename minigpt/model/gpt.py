@@ -30,6 +30,7 @@ from minigpt.model.embedding import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
 )
+from minigpt.model.init import init_weights
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
 from minigpt.model.packed import PackedLinear
@@ -39,7 +40,6 @@ from minigpt.model.rope import RotaryEmbedding
 from minigpt.model.streamed import StreamedLinear
 
 LAYOUTS = ("out_in", "in_out", "packed", "streamed")  # how prepare_for_inference stores the linears' matrices
-INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
 
 
 class GPT(nn.Module):
@@ -96,18 +96,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
 
     def init_weights(self) -> None:
-        """GPT-2's initialisation, applied to every weight of the model, and the technique switches' zeros."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias") or _starts_at_zero(self.config, name):
-                nn.init.zeros_(p)  # biases start neutral; the technique switches: see _starts_at_zero
-            elif p.dim() == 1:
-                nn.init.ones_(p)  # norm scales start at identity
-            elif name.endswith("c_proj.weight"):
-                # W_O and the FFN down projection each add to the residual stream, 2·L additions in
-                # all; scaling their std by 1/√(2L) keeps the stream's variance from growing with depth
-                nn.init.normal_(p, mean=0.0, std=INIT_STD / math.sqrt(2 * self.config.n_layer))
-            else:
-                nn.init.normal_(p, mean=0.0, std=INIT_STD)
+        """Draw every weight as model.init says (init.py)."""
+        init_weights(self, self.config)
 
     def forward(
         self,
@@ -326,18 +316,3 @@ def _laid_out(linear: nn.Linear, layout: str, rows: int) -> nn.Module:
     elif layout == "out_in" and not w.is_contiguous():
         linear.weight.data = w.contiguous()  # back to nn.Linear's own layout
     return linear
-
-
-def _starts_at_zero(cfg: ModelConfig, name: str) -> bool:
-    """Whether a technique switch starts parameter `name` at zero, so that the model starts as the model
-    without the switch and learns how much of it to use: the smear's strength, the bigram table, the value
-    embeddings' gates (2·sigmoid(0) = a gate of 1), the embedding's share b_i of each block's input and the
-    backout (residual_scalars.py), and with model.zero_init_proj every W_O and FFN down projection (each block
-    then starts as the identity; the zeroed matrix gets its gradient through its input, which is not zero, and
-    the matrices before it once it has moved)."""
-    if name in ("transformer.smear.lam", "transformer.bigram.table.weight", "transformer.scalars.x0",
-                "transformer.scalars.backout"):
-        return True
-    if name.endswith("ve_gate.weight"):
-        return True
-    return cfg.zero_init_proj and name.endswith("c_proj.weight")

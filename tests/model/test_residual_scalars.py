@@ -120,3 +120,28 @@ def test_only_the_layers_with_a_table_add_it_to_their_values():
         table = model.transformer.ve[str(i)](idx) if i in (0, 2) else None
         x = block(x, rope=rope, value_embed=table)
     torch.testing.assert_close(model(idx)[0], _head(model, x), atol=1e-5, rtol=1e-5)
+
+
+def test_fan_in_init_draws_each_weight_at_its_scale():
+    torch.manual_seed(0)
+    model = build_model(shrunk_config("modern", n_embd=64, n_layer=2, init="fan_in", value_embeds=True,
+                                      tie_weights=False, embed_norm=True, vocab_size=4001))
+    params = dict(model.named_parameters())
+    C = 64
+    assert params["transformer.wte.weight"].std().item() == pytest.approx(1.0, rel=0.02)
+    assert params["lm_head.weight"].std().item() == pytest.approx(0.001, rel=0.02)
+    assert params["transformer.ve.0.weight"].std().item() == pytest.approx(C ** -0.5, rel=0.02)
+    fc = params["transformer.h.0.mlp.c_fc.weight"]  # (4C, C): fan-in C
+    assert fc.std().item() == pytest.approx(C ** -0.5, rel=0.05) and fc.abs().max() <= (3 / C) ** 0.5
+    for name in ("transformer.h.0.attn.c_proj.weight", "transformer.h.1.mlp.c_proj.weight"):
+        assert (params[name] == 0).all()
+    gpt2 = build_model(shrunk_config("modern", n_embd=64, n_layer=2))
+    assert dict(gpt2.named_parameters())["transformer.h.0.mlp.c_fc.weight"].std().item() == pytest.approx(
+        0.02, rel=0.05)
+
+
+def test_fan_in_init_refuses_tied_weights():
+    from minigpt.errors import UserError
+
+    with pytest.raises(UserError, match="model.init=fan_in starts the token table at std 1"):
+        shrunk_config("modern", init="fan_in", tie_weights=True)
