@@ -35,14 +35,15 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.lab import side_by_side as sbs  # after composition: `--help` answers without torch
+    from minigpt.lab.side_by_side_throughput import render_throughput, throughput
 
     c = to_object(cfg, SideBySideConfig)
     out = Path(HydraConfig.get().runtime.output_dir)
     if c.doc:
         sbs.check_doc(Path(c.doc), c.name)
     if c.throughput:
-        doc = sbs.throughput(c)
-        table, name = sbs.render_throughput(doc), "throughput.json"
+        doc = throughput(c)
+        table, name = render_throughput(doc), "throughput.json"
     else:
         sbs.train_arms(c, out)
         doc = sbs.compare(sbs.collect(out))

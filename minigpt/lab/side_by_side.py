@@ -17,8 +17,8 @@ minigpt's schedule functions (training/optim.py), which have the same shapes.
 
 `train_arms` trains each arm and seed into `<out>/<arm>/s<seed>/` (the minigpt arm is an ordinary run folder
 of `training.train`); `collect` reads back every finished run of a folder, so two processes may train into
-one folder side by side; `compare` pairs the arms by seed (lab/stats.py). `throughput` times the training
-steps of both arms, interleaved, at each thread count: how many tokens each trains in the same time.
+one folder side by side; `compare` pairs the arms by seed (lab/stats.py). How many tokens each arm trains in
+the same time is side_by_side_throughput.py's.
 """
 
 from __future__ import annotations
@@ -39,19 +39,16 @@ from torch import nn
 from minigpt.data.eval_windows import eval_batches, eval_windows
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import PreparedData, prepare_dataset
-from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.inspect.perplexity import Score, score_batches
-from minigpt.lab.bench.timing import interleave
 from minigpt.lab.config import ReferenceRecipe, SideBySideConfig
 from minigpt.lab.stats import mean_interval, paired_comparison
 from minigpt.lab.tricks import markers, replace_block
-from minigpt.model.factory import build_model
+from minigpt.signals import Interrupted
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig, TrainConfig
-from minigpt.training.optim import LRSchedule, build_optimizer, muon_momentum, weight_decay_multiplier
+from minigpt.training.optim import LRSchedule, muon_momentum, weight_decay_multiplier
 from minigpt.training.resume import seed_everything
-from minigpt.training.step import accumulate_gradients, optimizer_step
 from minigpt.training.trainer import train
 
 log = logging.getLogger(__name__)
@@ -188,11 +185,20 @@ def train_reference(gpt: ModuleType, cfg: SideBySideConfig, data: PreparedData, 
 
 
 def minigpt_config(cfg: SideBySideConfig, seed: int) -> TrainConfig:
-    return dataclasses.replace(cfg.minigpt, trainer=dataclasses.replace(cfg.minigpt.trainer, seed=seed))
+    """The minigpt arm's run of `seed`, going on from its folder's checkpoint where a command stopped."""
+    return dataclasses.replace(cfg.minigpt, trainer=dataclasses.replace(cfg.minigpt.trainer, seed=seed,
+                                                                        resume="auto"))
+
+
+def finished(meta: Path) -> bool:
+    """Whether the minigpt run whose last checkpoint's meta.json is `meta` trained to its end."""
+    record = json.loads(meta.read_text()) if meta.is_file() else {}
+    return bool(record) and record["step"] >= record["config"]["trainer"]["max_steps"]
 
 
 def train_arms(cfg: SideBySideConfig, out: Path) -> None:
-    """Train every arm of `cfg.arms` for every seed into `out/<arm>/s<seed>/`, skipping finished runs."""
+    """Train every arm of `cfg.arms` for every seed into `out/<arm>/s<seed>/`, skipping finished runs (a
+    minigpt run a stop signal ended goes on from its checkpoint; the signal ends this command too)."""
     gpt = import_reference(cfg.reference_path, cfg.reference.compile_optimizer) if "reference" in cfg.arms \
         else None
     data = prepare_dataset(cfg.minigpt.data, cfg.minigpt.tokenizer, progress=False)
@@ -203,8 +209,10 @@ def train_arms(cfg: SideBySideConfig, out: Path) -> None:
                 record = train_reference(gpt, cfg, data, seed)
                 folder.mkdir(parents=True, exist_ok=True)
                 (folder / RESULT).write_text(json.dumps(record, indent=1) + "\n")
-            elif arm == "minigpt" and not (folder / "checkpoints" / "last" / "meta.json").is_file():
-                train(minigpt_config(cfg, seed), folder)
+            elif arm == "minigpt" and not finished(folder / "checkpoints" / "last" / "meta.json"):
+                result = train(minigpt_config(cfg, seed), folder)
+                if result.interrupted:
+                    raise Interrupted(result.stop_signal)
 
 
 def collect(out: Path) -> dict[str, dict[int, dict]]:
@@ -215,6 +223,8 @@ def collect(out: Path) -> dict[str, dict[int, dict]]:
         record = json.loads(path.read_text())
         runs["reference"][record["seed"]] = record
     for path in sorted(out.glob("minigpt/s*/checkpoints/last/meta.json")):
+        if not finished(path):
+            continue
         meta = json.loads(path.read_text())
         tokens, seconds = meta["tokens_seen"], meta["train_seconds"]
         seed = meta["config"]["trainer"]["seed"]
@@ -246,7 +256,7 @@ def render_table(doc: dict) -> str:
 
     def cell(arm: str, seed: int) -> str:
         r = runs[arm].get(str(seed))
-        return "-" if r is None else f"{r['steps']:,} | {r['val_loss']:.3f} | {r['val_bpb']:.3f}"
+        return "- | - | -" if r is None else f"{r['steps']:,} | {r['val_loss']:.3f} | {r['val_bpb']:.3f}"
 
     lines = ["| seed | reference: steps | val loss | bits/byte | minigpt: steps | val loss | bits/byte | "
              "minigpt - reference |", "|---|---|---|---|---|---|---|---|"]
@@ -262,66 +272,6 @@ def render_table(doc: dict) -> str:
     if diff is not None and not math.isnan(diff["p_value"]):
         delta += f" ± {diff['half_width']:.3f} (p = {diff['p_value']:.3f})"
     lines.append(f"| mean | | {means[0]} | {means[1]} | | {means[2]} | {means[3]} | {delta} |")
-    return "\n".join(lines)
-
-
-def minigpt_steps(cfg: TrainConfig, data: PreparedData, seed: int):
-    """A function running one training step of the minigpt arm as its trainer runs them (autocast as the
-    device chooses, fused loss, clipping, the optimizer and schedule of `cfg.optim`) on its batches."""
-    runtime = resolve_runtime(cfg.device, probe_cache=Path(cfg.data.cache_dir))
-    seed_everything(seed)
-    model = build_model(cfg.model, vocab_size=data.vocab_size).to(runtime.device)
-    optimizer = build_optimizer(model, cfg.optim, runtime.type)
-    schedule, scaler = LRSchedule(cfg.optim, Budget(max_steps=cfg.trainer.max_steps)), runtime.grad_scaler()
-    loader = BatchLoader(data.split("train"), cfg.model.block_size, cfg.trainer.batch_size, seed=seed,
-                         device=str(runtime.device))
-    counter = iter(range(10**12))
-
-    def step() -> None:
-        model.train()
-        schedule.apply(optimizer, next(counter) % cfg.trainer.max_steps, 0.0, 0)
-        accumulate_gradients(model, loader.next_batch, 1, runtime, scaler)
-        optimizer_step(model, optimizer, scaler, cfg.optim.grad_clip)
-
-    return step
-
-
-def throughput(cfg: SideBySideConfig) -> dict:
-    """Training tokens per second of each arm at each of `cfg.threads`: calls of `timed_steps` steps (batches
-    drawn, forward, backward, update), the arms interleaved, `repeats` calls each after one untimed; the
-    median call counts. The best thread count of each arm is what it would train at."""
-    gpt = import_reference(cfg.reference_path, cfg.reference.compile_optimizer)
-    data = prepare_dataset(cfg.minigpt.data, cfg.minigpt.tokenizer, progress=False)
-    tc, block = cfg.minigpt.trainer, cfg.minigpt.model.block_size
-    seed, n = cfg.seeds[0], cfg.timed_steps
-    tokens = n * tc.batch_size * block
-    rows: dict[str, dict[str, float]] = {"reference": {}, "minigpt": {}}
-    for threads in cfg.threads:
-        torch.set_num_threads(threads)
-        run = ReferenceRun(gpt, cfg.reference, data, block, tc.batch_size, seed, tc.max_steps)
-        steps = {"reference": run.step, "minigpt": minigpt_steps(cfg.minigpt, data, seed)}
-        calls = {arm: lambda step=step: [step() for _ in range(n)] for arm, step in steps.items()}
-        for arm, timing in interleave(calls, cfg.repeats, warmup=1).items():
-            rows[arm][str(threads)] = tokens / timing.median
-            log.info("%s at %d threads: %.0f tokens/s", arm, threads, tokens / timing.median)
-    best = {arm: max(by_threads.items(), key=lambda kv: kv[1]) for arm, by_threads in rows.items()}
-    return {"tokens_per_s": rows, "best": {arm: {"threads": int(t), "tokens_per_s": v} for arm, (t, v) in
-                                           best.items()},
-            "timed_steps": n, "repeats": cfg.repeats, "batch": [tc.batch_size, block]}
-
-
-def render_throughput(doc: dict) -> str:
-    """Tokens per second by thread count, and each arm's best, as a Markdown table."""
-    rows = doc["tokens_per_s"]
-    threads = sorted({int(t) for by_threads in rows.values() for t in by_threads})
-    lines = ["| threads | reference: tokens/s | minigpt: tokens/s | minigpt / reference |",
-             "|---|---|---|---|"]
-    for t in threads:
-        r, m = rows["reference"].get(str(t)), rows["minigpt"].get(str(t))
-        lines.append(f"| {t} | {r:,.0f} | {m:,.0f} | {m / r:.2f}x |")
-    r, m = doc["best"]["reference"], doc["best"]["minigpt"]
-    lines.append(f"| best | {r['tokens_per_s']:,.0f} ({r['threads']} threads) | {m['tokens_per_s']:,.0f} "
-                 f"({m['threads']} threads) | {m['tokens_per_s'] / r['tokens_per_s']:.2f}x |")
     return "\n".join(lines)
 
 

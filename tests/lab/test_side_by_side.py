@@ -5,6 +5,7 @@ schedules against its training script's formulas, the table, and the script's on
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 import textwrap
@@ -21,6 +22,7 @@ from minigpt.data.prepare import prepare_dataset
 from minigpt.errors import UserError
 from minigpt.lab import side_by_side as sbs
 from minigpt.lab.config import ReferenceRecipe, SideBySideConfig
+from minigpt.lab.side_by_side_throughput import render_throughput, throughput
 from minigpt.training.budget import Budget
 from minigpt.training.optim import LRSchedule, muon_momentum
 
@@ -206,3 +208,31 @@ def test_the_config_refuses_what_would_compare_unlike_things(make_train_cfg):
     with pytest.raises(UserError, match="arms=\\['nanochat'\\] must name some of: reference, minigpt"):
         SideBySideConfig(minigpt=whole, arms=["nanochat"])
     assert dataclasses.replace(SideBySideConfig(minigpt=whole), seeds=[1]).seeds == [1]
+
+
+def test_only_finished_runs_are_collected(tmp_path):
+    def meta(seed: int, step: int) -> None:
+        folder = tmp_path / "minigpt" / f"s{seed}" / "checkpoints" / "last"
+        folder.mkdir(parents=True)
+        record = {"step": step, "tokens_seen": step * 8, "train_seconds": 2.0, "val_loss": 3.0,
+                  "val_bpb": 1.2, "config": {"trainer": {"seed": seed, "max_steps": 10}}}
+        (folder / "meta.json").write_text(json.dumps(record))
+
+    meta(1, 10)
+    meta(2, 7)  # stopped by a signal at step 7: the next command goes on from it
+    runs = sbs.collect(tmp_path)
+    assert list(runs["minigpt"]) == [1] and runs["minigpt"][1]["tokens_per_s"] == 40
+    assert not sbs.finished(tmp_path / "minigpt" / "s2" / "checkpoints" / "last" / "meta.json")
+    assert not sbs.finished(tmp_path / "nowhere" / "meta.json")
+
+
+def test_throughput_times_both_arms_at_each_thread_count(side_by_side):
+    cfg = side_by_side(threads=[1, 2], timed_steps=2, repeats=1)
+    doc = throughput(cfg)
+    rates = doc["tokens_per_s"]
+    assert set(rates) == {"reference", "minigpt"} and all(set(r) == {"1", "2"} for r in rates.values())
+    for arm, best in doc["best"].items():
+        assert best["tokens_per_s"] == max(rates[arm].values()) > 0
+        assert rates[arm][str(best["threads"])] == best["tokens_per_s"]
+    table = render_throughput(doc)
+    assert table.count("\n") == 4 and "| best |" in table
