@@ -34,6 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 from minigpt.data.eval_windows import eval_batches, eval_windows
@@ -55,6 +56,7 @@ log = logging.getLogger(__name__)
 
 REFERENCE_FILES = ("nanochat/gpt.py", "nanochat/optim.py")  # what makes a folder a checkout of it
 RESULT = "result.json"  # a reference run's record, in <out>/reference/s<seed>/
+WEIGHTS = "model.safetensors"  # and its trained weights
 KIND = "side_by_side"  # a page's blocks are between <!-- side_by_side:<name>:begin/end --> markers
 
 
@@ -164,8 +166,10 @@ def whole_split_score(model: nn.Module, data: PreparedData, block_size: int, bat
     return score_batches(model, batches)
 
 
-def train_reference(gpt: ModuleType, cfg: SideBySideConfig, data: PreparedData, seed: int) -> dict:
-    """Train and score the reference for one seed; returns its record (`RESULT`)."""
+def train_reference(gpt: ModuleType, cfg: SideBySideConfig, data: PreparedData, seed: int,
+                    folder: Path) -> dict:
+    """Train and score the reference for one seed; write its weights (`WEIGHTS`, to look inside) and its
+    record (`RESULT`, last) into `folder`, and return the record."""
     tc, block = cfg.minigpt.trainer, cfg.minigpt.model.block_size
     steps = cfg.reference.steps or tc.max_steps
     run = ReferenceRun(gpt, cfg.reference, data, block, tc.batch_size, seed, steps)
@@ -178,10 +182,14 @@ def train_reference(gpt: ModuleType, cfg: SideBySideConfig, data: PreparedData, 
             log.info("reference seed %d: step %d/%d, loss %.4f", seed, i + 1, steps, loss.item())
     score = whole_split_score(ReferenceLoss(run.model), data, block, tc.batch_size)
     tokens = steps * tc.batch_size * block
-    return {"arm": "reference", "seed": seed, "steps": steps, "tokens": tokens, "val_loss": score.loss,
-            "val_bpb": score.bpb, "targets": score.tokens, "train_seconds": seconds,
-            "tokens_per_s": tokens / seconds, "threads": torch.get_num_threads(),
-            "recipe": dataclasses.asdict(cfg.reference)}
+    record = {"arm": "reference", "seed": seed, "steps": steps, "tokens": tokens, "val_loss": score.loss,
+              "val_bpb": score.bpb, "targets": score.tokens, "train_seconds": seconds,
+              "tokens_per_s": tokens / seconds, "threads": torch.get_num_threads(),
+              "recipe": dataclasses.asdict(cfg.reference)}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in run.model.state_dict().items()}, folder / WEIGHTS)
+    (folder / RESULT).write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 def minigpt_config(cfg: SideBySideConfig, seed: int) -> TrainConfig:
@@ -206,9 +214,7 @@ def train_arms(cfg: SideBySideConfig, out: Path) -> None:
         for arm in cfg.arms:
             folder = out / arm / f"s{seed}"
             if arm == "reference" and not (folder / RESULT).is_file():
-                record = train_reference(gpt, cfg, data, seed)
-                folder.mkdir(parents=True, exist_ok=True)
-                (folder / RESULT).write_text(json.dumps(record, indent=1) + "\n")
+                train_reference(gpt, cfg, data, seed, folder)
             elif arm == "minigpt" and not finished(folder / "checkpoints" / "last" / "meta.json"):
                 result = train(minigpt_config(cfg, seed), folder)
                 if result.interrupted:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_helpers import run_script
+from safetensors.torch import load_file
 
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import prepare_dataset
@@ -130,11 +131,13 @@ def test_its_optimizer_steps_run_eagerly_unless_asked(checkout, compiled):
     assert hasattr(step, "_torchdynamo_orig_callable") == compiled
 
 
-def test_the_reference_trains_on_minigpts_batches_and_is_scored_on_the_whole_split(side_by_side):
+def test_the_reference_trains_on_minigpts_batches_and_is_scored_on_the_whole_split(side_by_side, tmp_path):
     cfg = side_by_side()
     data = prepare_dataset(cfg.minigpt.data, cfg.minigpt.tokenizer, progress=False)
     gpt = sbs.import_reference(cfg.reference_path)
-    record = sbs.train_reference(gpt, cfg, data, seed=3)
+    record = sbs.train_reference(gpt, cfg, data, seed=3, folder=tmp_path / "run")
+    assert json.loads((tmp_path / "run" / sbs.RESULT).read_text()) == record
+    assert set(load_file(tmp_path / "run" / sbs.WEIGHTS)) == {"wte.weight", "head.weight"}
     T, B = cfg.minigpt.model.block_size, cfg.minigpt.trainer.batch_size
     loader = BatchLoader(data.split("train"), T, B, seed=3)  # what minigpt's trainer draws with seed 3
     drawn = [loader.next_batch()[0] for _ in range(6)]
