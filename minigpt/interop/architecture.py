@@ -35,7 +35,7 @@ FAMILY_CLASS = {GPT2: "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", QWEN3: "Qwen
 def architecture_of(cfg: ModelConfig, target: str = "Hugging Face") -> str:
     """`gpt2`, `llama` or `qwen3`: the family `cfg` computes exactly; else a UserError naming the feature and
     `target` (the format being written, for the message)."""
-    _refuse_ablations(cfg, target)
+    refuse_ablations(cfg, target)
     _refuse_techniques(cfg, target)
     if cfg.norm_placement != "pre":
         raise UserError(
@@ -71,7 +71,7 @@ def architecture_of(cfg: ModelConfig, target: str = "Hugging Face") -> str:
     return family
 
 
-def _refuse_ablations(cfg: ModelConfig, target: str) -> None:
+def refuse_ablations(cfg: ModelConfig, target: str) -> None:
     """The ablation switches (model/config.py) remove a piece every real architecture has."""
     removed = [
         ("causal", cfg.causal, True, "it was trained without the causal mask"),
