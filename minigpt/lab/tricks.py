@@ -32,9 +32,12 @@ COMMON = ("trainer.seed=", "trainer.max_steps=", "trainer.eval_every=", "trainer
 
 
 def _read_run(run: Path) -> tuple[list[str], dict]:
+    """A run's change (its overrides but the common ones) and results. A run the side-by-side trained
+    (scripts/side_by_side.py) has no .hydra/ folder: it changed nothing but the common overrides."""
     meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
-    overrides = [line.removeprefix("- ").strip() for line in
-                 (run / ".hydra" / "overrides.yaml").read_text().splitlines() if line.startswith("- ")]
+    recorded = run / ".hydra" / "overrides.yaml"
+    lines = recorded.read_text().splitlines() if recorded.is_file() else []
+    overrides = [line.removeprefix("- ").strip() for line in lines if line.startswith("- ")]
     change = [o for o in overrides if not o.startswith(COMMON)]
     return change, {"val_loss": meta["val_loss"], "bits_per_byte": meta["val_bpb"], "step": meta["step"],
                     "train_seconds": meta["train_seconds"], "eval_tokens": meta["eval"]["eval_tokens"]}
