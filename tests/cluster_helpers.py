@@ -17,10 +17,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import process_group
+from minigpt.runs.train import train
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import process_group
-from minigpt.training.trainer import train
 
 
 def free_port() -> int:

@@ -60,7 +60,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
         pos_encoding="learned", norm="layernorm", norm_placement="pre",
         norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), activation=HF_TO_MINIGPT_ACTIVATION[act],
         ffn_mult=n_inner / n_embd, bias=True, tie_weights=bool(hf.get("tie_word_embeddings", True)),
-        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/resume.py)
+        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/start.py)
     )
     if ffn_hidden_size(cfg) != n_inner:
         raise UserError(f"config.json has n_inner={n_inner}; minigpt needs a multiple of 8 (GPT-2: 4·n_embd)")

@@ -18,10 +18,10 @@ from minigpt.data.eval_windows import eval_windows
 from minigpt.lab.ablation_report import BEGIN, END, ROWS, doc_block, render_block
 from minigpt.lab.loss_curves import read_scalars
 from minigpt.model.factory import build_model
+from minigpt.runs.train import train
 from minigpt.training.batch_schedule import BatchSchedule
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 LAB = CONFIG_DIR / "experiment" / "ablation"
 # what each file may change relative to the baseline: exactly one model field (or, for Muon, the optimizer)

@@ -31,8 +31,8 @@ from safetensors.torch import load_file, save_file
 from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
 from minigpt.data.shards import ShardWriter
+from minigpt.runs.train import train
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 
 class _Code:
@@ -93,7 +93,7 @@ def _train_args(w: Path) -> list[str]:
 
 HOLDER = """import sys
 from pathlib import Path
-from minigpt.training.run_folder import RunLock
+from minigpt.runs.run_folder import RunLock
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire()
 print("locked", flush=True)
@@ -262,7 +262,7 @@ CASES = {
                                 "FLOPs, the whole trainer.max_flops=1e+06; raise trainer.max_flops"),
     "generate-unparsable-prompt": (G, ["checkpoint={w}/run", "prompt=def main("],
                                    "\"prompt='def main('\""),
-    # ---- resuming must continue the same run (training/same_run.py), a diverged one never
+    # ---- resuming must continue the same run (runs/same_run.py), a diverged one never
     "train-resume-other-data": (T, ["TRAIN", "trainer.resume={w}/run", "data.paths=[{w}/other_corpus]"],
                                 "was trained with a different data set"),
     "train-resume-other-tokenizer": (T, ["TRAIN", "trainer.resume={w}/run", "tokenizer=char"],
@@ -338,15 +338,15 @@ ROWS = {
 ELSEWHERE = {
     "multirun (-m) cannot run under torchrun":
         "project/test_errors.py::test_multirun_under_torchrun_is_refused_on_every_rank",  # the real torchrun
-    "a sweep job failed": "training/test_submitit.py::test_a_bad_value_fails_its_job_alone_with_one_line",
+    "a sweep job failed": "cluster/test_submitit.py::test_a_bad_value_fails_its_job_alone_with_one_line",
     # two forked ranks through the launch protocol: a second filesystem cannot be faked for the real CLI
     "is not visible on every node":
-        "training/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
+        "cluster/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
     # docs/faults.md's table: real processes sent real signals, killed, requeued
     "interrupted by SIGTERM":
         "training/test_signals.py::test_prepare_interrupted_mid_build_ends_in_one_line_and_leaves_no_temporary",
-    "died (killed or crashed": "training/test_rank_faults.py::test_a_killed_rank_is_named_by_its_survivor",
-    "stopped by SIGTERM at step": "training/test_requeue.py::test_a_stop_that_is_not_requeued_fails_its_job",
+    "died (killed or crashed": "cluster/test_rank_faults.py::test_a_killed_rank_is_named_by_its_survivor",
+    "stopped by SIGTERM at step": "cluster/test_requeue.py::test_a_stop_that_is_not_requeued_fails_its_job",
 }
 
 

@@ -24,7 +24,9 @@ LAYERS = (
     ("checkpoint", "sampling"),
     ("interop",),
     ("inspect",),
+    ("cluster",),
     ("training", "generation"),
+    ("runs",),
     ("lab",),
     ("config", "cli"),
 )

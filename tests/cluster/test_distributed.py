@@ -25,14 +25,14 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import read_checkpoint
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import gather_object, process_group
 from minigpt.data.loader import BatchLoader
 from minigpt.errors import UserError
+from minigpt.runs.train import train
 from minigpt.training import trainer as trainer_module
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import gather_object, process_group
-from minigpt.training.run_folder import RunFolder
-from minigpt.training.trainer import Trainer, train
+from minigpt.training.trainer import Trainer
 
 STEPS, HALF = 6, 3
 DROP_STEPS, DROP_HALF = 20, 10  # the dropout runs
@@ -64,7 +64,7 @@ def _outputs_cfg(cfg: TrainConfig) -> TrainConfig:
 def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
     """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode,
     and the validation score (summed over ranks)."""
-    trainer = Trainer(cfg, RunFolder(out, enabled=False), env=env)  # builds the run, writes nothing
+    trainer = Trainer(cfg, out, env=env)  # builds the run, writes nothing
     model = trainer.model
     x = (torch.arange(2 * cfg.model.block_size) % 200).view(2, -1)  # (2, T): the same batch on every rank
     with torch.no_grad():
