@@ -49,7 +49,7 @@ from minigpt.signals import Interrupted
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig, TrainConfig
 from minigpt.training.optim import LRSchedule, muon_momentum, weight_decay_multiplier
-from minigpt.training.resume import seed_everything
+from minigpt.training.seeding import seed_everything
 from minigpt.training.trainer import train
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
-from minigpt.training.resume import seed_everything
+from minigpt.training.seeding import seed_everything
 from minigpt.training.step import accumulate_gradients, optimizer_step
 
 log = logging.getLogger(__name__)
