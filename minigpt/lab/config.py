@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
-from minigpt.training.config import TrainConfig
+from minigpt.training.config import LoggingConfig, TrainConfig, TrainerConfig
 
 
 @dataclass
@@ -183,6 +183,13 @@ class ReferenceRecipe:
             raise UserError(f"reference.steps={self.steps} must be at least 1 (or null: the minigpt arm's)")
 
 
+def whole_split_arm() -> TrainConfig:
+    """train.yaml's run, evaluated once at the end on the whole val split and not sampled (the side-by-side's
+    minigpt arm, as configs/side_by_side.yaml sets it)."""
+    return TrainConfig(trainer=TrainerConfig(eval_every=100000, eval_tokens="all", ckpt_every=100000),
+                       logging=LoggingConfig(sample_tokens=0, progress_bar=False))
+
+
 @dataclass
 class SideBySideConfig:
     """Root of `configs/side_by_side.yaml` (`scripts/side_by_side.py`): the reference recipe and minigpt on
@@ -191,7 +198,7 @@ class SideBySideConfig:
     reference_path: str | None = None  # a checkout of the reference project (its nanochat/ package inside)
     reference: ReferenceRecipe = field(default_factory=ReferenceRecipe)
     # the minigpt arm, train.yaml's tree; its data, tokenizer, batch, block size and max_steps are both arms'
-    minigpt: TrainConfig = field(default_factory=TrainConfig)
+    minigpt: TrainConfig = field(default_factory=lambda: whole_split_arm())
     seeds: list[int] = field(default_factory=lambda: [1337, 1338, 1339])
     arms: list[str] = field(default_factory=lambda: list(SIDE_BY_SIDE_ARMS))  # which arms to train
     throughput: bool = False  # train nothing: time the arms' steps, interleaved, at each of `threads`

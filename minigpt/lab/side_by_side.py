@@ -45,12 +45,12 @@ from minigpt.inspect.perplexity import Score, score_batches
 from minigpt.lab.config import ReferenceRecipe, SideBySideConfig
 from minigpt.lab.stats import mean_interval, paired_comparison
 from minigpt.lab.tricks import markers, replace_block
+from minigpt.runs.train import train
 from minigpt.signals import Interrupted
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig, TrainConfig
 from minigpt.training.optim import LRSchedule, muon_momentum, weight_decay_multiplier
 from minigpt.training.seeding import seed_everything
-from minigpt.training.trainer import train
 
 log = logging.getLogger(__name__)
 
