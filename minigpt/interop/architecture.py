@@ -98,6 +98,7 @@ def _refuse_techniques(cfg: ModelConfig, target: str) -> None:
         ("residual_scalars", cfg.residual_scalars, False, "its blocks read learned mixes of the stream and "
                                                           "the embedding"),
         ("backout", cfg.backout, False, "its head subtracts part of the middle of the stack"),
+        ("qk_scale", cfg.qk_scale, 1.0, "its normalised queries and keys are scaled"),
     ]
     for key, value, plain, what in added:
         if value != plain:

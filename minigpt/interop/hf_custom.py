@@ -32,7 +32,8 @@ AUTO_MAP = {"AutoConfig": "configuration_minigpt.MiniGPTConfig",
             "AutoModelForCausalLM": "modeling_minigpt.MiniGPTForCausalLM"}
 SWITCHES = ("qk_norm", "value_embeds", "value_embed_every", "smear", "bigram_embed", "embed_norm",
             "residual_scalars", "backout", "logit_softcap", "norm", "norm_eps", "norm_gain", "activation",
-            "bias", "rope_base", "n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+            "bias", "rope_base", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "qk_scale",
+            "ve_gate_max", "ve_gate_channels", "smear_gate_channels")
 
 
 def custom_config(cfg: ModelConfig, eot_id: int) -> dict:

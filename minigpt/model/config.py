@@ -78,6 +78,10 @@ class ModelConfig:
     embed_norm: bool = False  # a norm right after the token embedding (model/residual_scalars.py)
     residual_scalars: bool = False  # block i reads a_i x + b_i x0 (x0: the embedding), a_i and b_i learned
     backout: bool = False  # the head reads x - c x_mid, x_mid the stream after the middle block, c learned
+    qk_scale: float = 1.0  # qk_norm: q and k times this after their norm (scores times its square)
+    ve_gate_max: float = 2.0  # value_embeds: the gate is ve_gate_max · sigmoid(...), in (0, ve_gate_max)
+    ve_gate_channels: int = 0  # value_embeds: the gate reads the block input's first channels; 0: all
+    smear_gate_channels: int = 0  # smear: the gate reads the embedding's first channels; 0: all
 
     def __post_init__(self) -> None:
         self.validate()
@@ -151,6 +155,12 @@ class ModelConfig:
         if self.value_embed_every < 1:
             raise UserError(f"model.value_embed_every={self.value_embed_every} must be at least 1 (1: every "
                             "layer, 2: alternating layers)")
+        for name in ("ve_gate_channels", "smear_gate_channels"):
+            if not 0 <= getattr(self, name) <= self.n_embd:
+                raise UserError(f"model.{name}={getattr(self, name)} must be in [0, model.n_embd] (0: all)")
+        for name in ("qk_scale", "ve_gate_max"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"model.{name}={getattr(self, name)} must be positive")
         if self.logit_softcap < 0:
             raise UserError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: off; e.g. 15 or 30)")
         self._validate_ablations()

@@ -65,7 +65,7 @@ class GPT(nn.Module):
         if config.embed_norm:
             self.transformer["ln_e"] = build_norm(*norm)
         if config.smear:
-            self.transformer["smear"] = Smear(C)
+            self.transformer["smear"] = Smear(C, config.smear_gate_channels)
         if config.bigram_embed:
             self.transformer["bigram"] = BigramEmbedding(config.bigram_embed, C)
         if config.value_embeds:

@@ -23,7 +23,8 @@ transformers = pytest.importorskip("transformers")
 
 EVERY_SWITCH = dict(n_layer=3, qk_norm=True, value_embeds=True, value_embed_every=2, smear=True,
                     bigram_embed=37, embed_norm=True, norm_gain=False, residual_scalars=True, backout=True,
-                    logit_softcap=3.0, activation="relu2", tie_weights=False)
+                    logit_softcap=3.0, activation="relu2", tie_weights=False, qk_scale=1.2, ve_gate_max=3.0,
+                    ve_gate_channels=12, smear_gate_channels=24)
 VARIANTS = {"every_switch": EVERY_SWITCH,
             "swiglu_gains_gqa": {**EVERY_SWITCH, "activation": "swiglu", "norm_gain": True, "n_kv_head": 2},
             "tied_value_embeds": {"value_embeds": True, "tie_weights": True}}

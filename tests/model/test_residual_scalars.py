@@ -55,11 +55,10 @@ def test_a_norm_without_gain_has_no_parameters_and_only_normalises(kind):
     torch.testing.assert_close(norm(x), _rms(centred, 1e-5), atol=1e-5, rtol=1e-5)
 
 
-def test_norm_gain_false_removes_every_gain_of_the_stream():
+def test_norm_gain_false_removes_every_gain():
     model = build_model(shrunk_config("modern", norm_gain=False, embed_norm=True, qk_norm=True))
     names = [n for n, _ in model.named_parameters()]
-    assert not [n for n in names if "ln_" in n]
-    assert any("q_norm" in n for n in names)  # the heads' QK-norm keeps its gains
+    assert not [n for n in names if "ln_" in n or "_norm" in n]  # the stream's norms and the heads' QK-norm
 
 
 def test_embed_norm_normalises_the_token_rows_before_the_blocks():
@@ -128,16 +127,31 @@ def test_fan_in_init_draws_each_weight_at_its_scale():
                                       tie_weights=False, embed_norm=True, vocab_size=4001))
     params = dict(model.named_parameters())
     C = 64
-    assert params["transformer.wte.weight"].std().item() == pytest.approx(1.0, rel=0.02)
+    assert params["transformer.wte.weight"].std().item() == pytest.approx(0.8, rel=0.02)
     assert params["lm_head.weight"].std().item() == pytest.approx(0.001, rel=0.02)
     assert params["transformer.ve.0.weight"].std().item() == pytest.approx(C ** -0.5, rel=0.02)
-    fc = params["transformer.h.0.mlp.c_fc.weight"]  # (4C, C): fan-in C
-    assert fc.std().item() == pytest.approx(C ** -0.5, rel=0.05) and fc.abs().max() <= (3 / C) ** 0.5
+    qkv = params["transformer.h.0.attn.c_attn.weight"]  # fan-in C
+    assert qkv.std().item() == pytest.approx(C ** -0.5, rel=0.05) and qkv.abs().max() <= (3 / C) ** 0.5
+    fc = params["transformer.h.0.mlp.c_fc.weight"]  # (hidden, C): fan-in C, at 0.4 of its std
+    assert fc.std().item() == pytest.approx(0.4 * C ** -0.5, rel=0.05)
+    assert fc.abs().max() <= 0.4 * (3 / C) ** 0.5
     for name in ("transformer.h.0.attn.c_proj.weight", "transformer.h.1.mlp.c_proj.weight"):
         assert (params[name] == 0).all()
     gpt2 = build_model(shrunk_config("modern", n_embd=64, n_layer=2))
     assert dict(gpt2.named_parameters())["transformer.h.0.mlp.c_fc.weight"].std().item() == pytest.approx(
         0.02, rel=0.05)
+
+
+def test_fan_in_init_starts_the_switches_a_little_on():
+    torch.manual_seed(0)
+    model = build_model(shrunk_config("modern", n_layer=3, init="fan_in", tie_weights=False,
+                                      value_embeds=True, residual_scalars=True, backout=True, smear=True))
+    scalars = model.transformer.scalars
+    torch.testing.assert_close(scalars.resid.detach(), torch.tensor([1.15, 1.10, 1.05]))  # 1.15 -> 1.05
+    torch.testing.assert_close(scalars.x0.detach(), torch.tensor([0.20, 0.125, 0.05]))  # 0.20 -> 0.05
+    assert scalars.backout.item() == pytest.approx(0.2) and model.transformer.smear.lam.item() == 0
+    for gate in (model.transformer.smear.gate.weight, model.transformer.h[2].attn.ve_gate.weight):
+        assert gate.min() >= 0 and gate.max() <= 0.02 and gate.std() > 0
 
 
 def test_fan_in_init_refuses_tied_weights():

@@ -55,10 +55,11 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, (self.H + 2 * self.H_kv) * self.D, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         if config.qk_norm:
-            self.q_norm, self.k_norm = Norm(config, self.D, True), Norm(config, self.D, True)
+            self.q_norm = Norm(config, self.D, config.norm_gain)
+            self.k_norm = Norm(config, self.D, config.norm_gain)
         if has_value_embed(config, layer):
-            self.ve_gate = nn.Linear(config.n_embd, self.H_kv, bias=False)
-        self.qk_norm = config.qk_norm
+            self.ve_gate = nn.Linear(config.ve_gate_channels, self.H_kv, bias=False)
+        self.qk_norm, self.qk_scale, self.config = config.qk_norm, config.qk_scale, config
 
     def forward(self, x, cos, sin, mask, value_embed):
         B, T, C = x.shape
@@ -66,11 +67,12 @@ class Attention(nn.Module):
         q = q.view(B, T, self.H, self.D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, self.H_kv, self.D).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(B, T, self.H_kv, self.D).transpose(1, 2)
-        if value_embed is not None:  # v + 2 sigmoid(x W_g) e[token], one gate per key/value head
-            gate = 2 * torch.sigmoid(self.ve_gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, H_kv, T, 1)
+        if value_embed is not None:  # v + m sigmoid(x W_g) e[token], one gate per key/value head
+            gate = torch.sigmoid(self.ve_gate(x[..., :self.config.ve_gate_channels]))  # (B, T, H_kv)
+            gate = self.config.ve_gate_max * gate.transpose(1, 2).unsqueeze(-1)  # (B, H_kv, T, 1)
             v = v + gate * value_embed.view(B, T, self.H_kv, self.D).transpose(1, 2)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self.q_norm(q) * self.qk_scale, self.k_norm(k) * self.qk_scale
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         grouped = self.H_kv != self.H  # grouped-query attention: H / H_kv query heads per key/value head
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=grouped)
@@ -114,7 +116,7 @@ class Block(nn.Module):
 class Smear(nn.Module):
     def __init__(self, config: MiniGPTConfig) -> None:
         super().__init__()
-        self.gate = nn.Linear(config.n_embd, 1, bias=False)
+        self.gate = nn.Linear(config.smear_gate_channels, 1, bias=False)
         self.lam = nn.Parameter(torch.zeros(()))
 
 
@@ -183,7 +185,8 @@ class MiniGPTForCausalLM(PreTrainedModel, GenerationMixin):
         if "smear" in self.transformer:
             smear = self.transformer.smear
             x_prev = self.rows(prev) * has_previous.unsqueeze(-1)
-            x = x + smear.lam * torch.sigmoid(smear.gate(x)) * x_prev
+            gate = torch.sigmoid(smear.gate(x[..., :smear.gate.in_features]))  # (B, T, 1)
+            x = x + smear.lam * gate * x_prev
         if "bigram" in self.transformer:
             table = self.transformer.bigram.table
             x = x + table((prev * HASH_MULTIPLIER + ids) % table.num_embeddings) * has_previous.unsqueeze(-1)
