@@ -23,6 +23,10 @@ NONFINITE_POLICIES = ("stop", "skip")
 SCHEDULES = ("cosine", "wsd")  # see training/optim.py
 WEIGHT_DECAY_SCHEDULES = ("constant", "cosine")  # see training/optim.py
 OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
+ORTHOGONALIZERS = ("newton_schulz", "polar_express")  # training/muon.py
+# AdamW's parameter groups that optim.groups may give settings of their own (training/optim.py param_groups)
+ADAM_GROUPS = ("tables", "value_tables", "head", "scalars", "resid", "x0", "gates", "matrices", "other")
+GROUP_SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
 
 @dataclass
@@ -71,6 +75,13 @@ class OptimConfig:
     weight_decay_schedule: str = "constant"
     # Muon's matrices decay only the entries that its update already moves towards zero
     cautious_weight_decay: bool = False
+    # the matrices' orthogonalisation (training/muon.py): newton_schulz (a fixed quintic, 5 steps) |
+    # polar_express (rows equalised first, a quintic of its own per step, the result at the exact norm)
+    muon_orthogonalize: str = "newton_schulz"
+    muon_split_qkv: bool = False  # the attention's fused q/k/v matrix orthogonalised as three matrices
+    # AdamW groups of their own, each with its own settings: {group: {lr, beta1, beta2, eps, weight_decay}}
+    # (training/optim.py GROUPS); a weight_decay given here is constant, not optim.weight_decay's schedule
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def lr_scales(self) -> dict[str, float | None]:
@@ -91,6 +102,22 @@ class OptimConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise UserError(f"optim.{name}={value} must be in [0, 1) (or null: {null})")
+        if self.muon_orthogonalize not in ORTHOGONALIZERS:
+            raise UserError(f"optim.muon_orthogonalize={self.muon_orthogonalize!r} is not one of: "
+                            f"{', '.join(ORTHOGONALIZERS)}")
+        for group, settings in self.groups.items():
+            if group not in ADAM_GROUPS:
+                raise UserError(f"optim.groups.{group} is not a parameter group (one of: "
+                                f"{', '.join(ADAM_GROUPS)})")
+            for key, value in settings.items():
+                if key not in GROUP_SETTINGS:
+                    raise UserError(f"optim.groups.{group}.{key} is not a group setting (one of: "
+                                    f"{', '.join(GROUP_SETTINGS)})")
+                low = 0.0 if key in ("beta1", "beta2", "weight_decay") else math.nextafter(0.0, 1.0)
+                high = 1.0 if key in ("beta1", "beta2") else math.inf
+                if not low <= value < high:
+                    allowed = "[0, 1)" if high == 1.0 else ">= 0" if low == 0 else "> 0"
+                    raise UserError(f"optim.groups.{group}.{key}={value} must be {allowed}")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if self.muon_ns_steps < 1:

@@ -17,6 +17,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from minigpt.errors import UserError
+from minigpt.model.attention import CausalSelfAttention
 from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
@@ -25,14 +26,16 @@ from minigpt.training.muon import MuonAdamW
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, float | None] | None = None
-                 ) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, float | None] | None = None,
+                 own_groups: tuple[str, ...] = ()) -> list[dict]:
     """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and into
     groups of their own at a multiple of optim.lr where `lr_scales` (`OptimConfig.lr_scales`) gives one:
     `tables` (the embedding tables, undecayed; optim.embed_lr), `head` (the untied output head, decayed;
     optim.head_lr), `scalars` (the residual scalars of model/residual_scalars.py, undecayed; optim.scalar_lr).
-    Each group has a `name`, its `lr_scale` (its lr over optim.lr, `LRSchedule.apply`) and whether it is
-    `decayed`.
+    `own_groups` (the names optim.groups sets) carves finer groups out of those: `value_tables` (the
+    value-embedding tables, out of `tables`), `resid` and `x0` (the scalars a_i and b_i) and `gates` (the
+    smear's gate and strength, the backout). Each group has a `name`, its `lr_scale` (its lr over optim.lr,
+    `LRSchedule.apply`) and whether it is `decayed`.
 
     Weight decay pulls weights towards zero, which regularises the linear maps. It is wrong for norm gains
     (pulling them to zero shrinks the signal, not the model's capacity) and pointless for biases. Embeddings
@@ -48,10 +51,13 @@ def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, flo
     scales = {"tables": None, "head": None, "scalars": None, **(lr_scales or {})}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     head = getattr(model, "lm_head", None)
+    named = dict(model.named_parameters())
     scalars = [m for m in model.modules() if isinstance(m, ResidualScalars)]
-    own = {"tables": embeddings, "head": {id(head.weight)} - embeddings if head is not None else set(),
+    ids = {name: {id(p) for key, p in named.items() if test(key)} for name, test in FINE_GROUPS.items()}
+    own = {**{name: ids[name] for name in FINE_GROUPS if name in own_groups},
+           "tables": embeddings, "head": {id(head.weight)} - embeddings if head is not None else set(),
            "scalars": {id(p) for m in scalars for p in m.parameters()}}
-    own = {name: ids for name, ids in own.items() if scales[name] is not None}
+    own = {name: ids for name, ids in own.items() if name in own_groups or scales.get(name) is not None}
     found: dict[str, list[nn.Parameter]] = {name: [] for name in ("matrices", "other", *own)}
     seen: set[int] = set()
     for _, p in model.named_parameters():
@@ -60,15 +66,35 @@ def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, flo
         seen.add(id(p))
         name = next((g for g, ids in own.items() if id(p) in ids), None)
         found[name or ("matrices" if p.dim() >= 2 and id(p) not in embeddings else "other")].append(p)
-    decayed = {"matrices": True, "other": False, "tables": False, "head": True, "scalars": False}
-    return [{"name": name, "params": params, "weight_decay": weight_decay if decayed[name] else 0.0,
-             "lr_scale": scales.get(name) or 1.0, "decayed": decayed[name]} for name, params in found.items()]
+    decayed = {"matrices": True, "head": True}
+    return [{"name": name, "params": params, "weight_decay": weight_decay if decayed.get(name) else 0.0,
+             "lr_scale": scales.get(name) or 1.0, "decayed": decayed.get(name, False)}
+            for name, params in found.items()]
 
 
-def adam_betas(group: dict, cfg: OptimConfig) -> tuple[float, float]:
-    """AdamW's betas for `group`: optim.beta1 and optim.beta2 (the tables: optim.embed_beta2 where set)."""
-    tables = group["name"] == "tables" and cfg.embed_beta2 is not None
-    return cfg.beta1, cfg.embed_beta2 if tables else cfg.beta2
+# The finer AdamW groups optim.groups may carve out (`param_groups`), by parameter name.
+FINE_GROUPS = {
+    "value_tables": lambda name: name.startswith("transformer.ve."),
+    "resid": lambda name: name == "transformer.scalars.resid",
+    "x0": lambda name: name == "transformer.scalars.x0",
+    "gates": lambda name: name in ("transformer.smear.gate.weight", "transformer.smear.lam",
+                                   "transformer.scalars.backout"),
+}
+
+
+def adam_settings(group: dict, cfg: OptimConfig) -> dict:
+    """AdamW's settings for `group`: optim.beta1, optim.beta2 (the tables: optim.embed_beta2 where set) and
+    optim.eps, and whatever optim.groups gives the group (its lr, and a weight decay that stays constant)."""
+    own = cfg.groups.get(group["name"], {})
+    tables = group["name"] in ("tables", "value_tables") and cfg.embed_beta2 is not None
+    beta2 = cfg.embed_beta2 if tables else cfg.beta2
+    settings = {"betas": (own.get("beta1", cfg.beta1), own.get("beta2", beta2)),
+                "eps": own.get("eps", cfg.eps), "lr": cfg.lr * group["lr_scale"]}
+    if "lr" in own:
+        settings.update(lr=own["lr"], lr_scale=own["lr"] / cfg.lr)
+    if "weight_decay" in own:
+        settings.update(weight_decay=own["weight_decay"], decayed=False)
+    return settings
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
@@ -77,8 +103,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     optim.name=muon: `build_muon`."""
     if cfg.name == "muon":
         return build_muon(model, cfg)
-    groups = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": adam_betas(g, cfg)}
-              for g in param_groups(model, cfg.weight_decay, cfg.lr_scales)]
+    groups = [{**g, **adam_settings(g, cfg)}
+              for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_other = sum(p.numel() for g in groups[1:] for p in g["params"])
     log.info("AdamW: %d decayed parameters, %d not decayed (norms, biases, embeddings)", n_decay, n_other)
@@ -109,17 +135,29 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
                         "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
-                   for g in param_groups(model, cfg.weight_decay, cfg.lr_scales)]
+                   for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_muon = sum(p.numel() for p in matrices)
     n_adam = sum(p.numel() for g in adam_groups for p in g["params"])
     log.info("Muon: %d parameters in %d matrices; AdamW: %d (embeddings, head, norms, gates)",
              n_muon, len(matrices), n_adam)
-    muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
+    muon = {"muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
             "weight_decay": cfg.weight_decay, "decayed": True, "cautious": cfg.cautious_weight_decay,
-            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps, "beta2": cfg.muon_beta2}
-    adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": adam_betas(g, cfg), "eps": cfg.eps}
-            for g in adam_groups if g["params"]]
-    return MuonAdamW([muon, *adam])
+            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps, "beta2": cfg.muon_beta2,
+            "orthogonalize": cfg.muon_orthogonalize}
+    splits = qkv_splits(model) if cfg.muon_split_qkv else {}
+    fused = [p for p in matrices if id(p) in splits]
+    muon_groups = [{**muon, "params": [p for p in matrices if id(p) not in splits]}]
+    for rows in {splits[id(p)] for p in fused}:  # one group per split (every layer's is the same)
+        same = [p for p in fused if splits[id(p)] == rows]
+        muon_groups.append({**muon, "params": same, "splits": list(rows)})
+    adam = [{**g, **adam_settings(g, cfg)} for g in adam_groups if g["params"]]
+    return MuonAdamW([g for g in muon_groups if g["params"]] + adam)
+
+
+def qkv_splits(model: nn.Module) -> dict[int, tuple[int, int, int]]:
+    """id of each attention's fused q/k/v matrix -> its rows of queries, keys and values."""
+    return {id(m.c_attn.weight): (m.n_head * m.head_dim, m.n_kv_head * m.head_dim, m.n_kv_head * m.head_dim)
+            for m in model.modules() if isinstance(m, CausalSelfAttention)}
 
 
 def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,
