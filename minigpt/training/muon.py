@@ -10,7 +10,7 @@ large ones that dominate a raw gradient. One step of a matrix W (out x in):
     O   ≈  U Vᵀ of N                            (`orthogonalize`, five Newton-Schulz iterations)
     O   <- O ⊘ sqrt(V) · ||O|| / ||O ⊘ sqrt(V)||    (with optim.muon_beta2: `normalize_neurons`)
     W   <- (1 - lr · λ) W - lr · f · O,   f = sqrt(max(1, out / in))
-           (cautious weight decay: W <- W - lr · f · (λ W ⊙ [O W > 0] + O), λ only on the entries where O and
+           (cautious weight decay: W <- W - lr · f · (λ W ⊙ [O W ≥ 0] + O), λ only on the entries where O and
            W have the same sign, those the update already moves towards zero, and at the update's lr f · lr)
 
 With optim.muon_orthogonalize=polar_express, O is `polar_express`'s instead; with optim.muon_split_qkv the
@@ -155,7 +155,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 factors.append(torch.full((block.shape[0], 1), factor, device=p.device, dtype=p.dtype))
             update = torch.cat(updates)  # (m, n)
             if group["cautious"]:  # decay only where the update already moves the entry towards 0, at its lr
-                p.sub_(p * torch.cat(factors) * (update * p > 0), alpha=lr * group["weight_decay"])
+                p.sub_(p * torch.cat(factors) * (update * p >= 0), alpha=lr * group["weight_decay"])
             else:
                 p.mul_(1 - lr * group["weight_decay"])
             p.add_(update, alpha=-lr)

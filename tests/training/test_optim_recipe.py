@@ -77,7 +77,7 @@ def test_cautious_weight_decay_decays_only_where_the_update_points_towards_zero(
     opt.step()
     nesterov = w.grad + 0.9 * (0.1 * w.grad - w.grad)  # G + mu (M - G), M = (1 - mu) G after one step
     update = orthogonalize(nesterov)
-    shrink = 0.1 * math.sqrt(8 / 6) * 0.5 * before * ((update * before) > 0)  # at the update's lr
+    shrink = 0.1 * math.sqrt(8 / 6) * 0.5 * before * ((update * before) >= 0)  # at the update's lr
     torch.testing.assert_close(w.detach(), before - shrink - 0.1 * math.sqrt(8 / 6) * update)
     assert 0 < (shrink != 0).sum() < w.numel()  # some entries decayed, some not
 
