@@ -6,6 +6,7 @@ Examples:
     python scripts/side_by_side.py reference_path=... minigpt.model.value_embeds=true  # another minigpt arm
     python scripts/side_by_side.py reference_path=... reference.steps=1850           # the reference for less
     python scripts/side_by_side.py reference_path=... throughput=true 'threads=[1,2]'   # tokens/s of each
+    python scripts/side_by_side.py reference_path=... parity_steps=3 minigpt.model.init=fan_in ...  # same?
 
 Both arms train on minigpt's prepared bins and batches, seed for seed, for minigpt.trainer.max_steps steps,
 and are scored on the whole val split as `scripts/evaluate.py stride=<block_size>` scores
@@ -35,13 +36,18 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.lab import side_by_side as sbs  # after composition: `--help` answers without torch
+    from minigpt.lab.reference_parity import parity_report as sbs_parity
+    from minigpt.lab.reference_parity import render_parity
     from minigpt.lab.side_by_side_throughput import render_throughput, throughput
 
     c = to_object(cfg, SideBySideConfig)
     out = Path(HydraConfig.get().runtime.output_dir)
     if c.doc:
         sbs.check_doc(Path(c.doc), c.name)
-    if c.throughput:
+    if c.parity_steps:
+        doc = sbs_parity(c)
+        table, name = render_parity(doc), "parity.json"
+    elif c.throughput:
         doc = throughput(c)
         table, name = render_throughput(doc), "throughput.json"
     else:

@@ -202,6 +202,9 @@ class SideBySideConfig:
     seeds: list[int] = field(default_factory=lambda: [1337, 1338, 1339])
     arms: list[str] = field(default_factory=lambda: list(SIDE_BY_SIDE_ARMS))  # which arms to train
     throughput: bool = False  # train nothing: time the arms' steps, interleaved, at each of `threads`
+    # train nothing: the arms from the same weights, their logits and this many steps' updates compared
+    # (lab/reference_parity.py), on the first seed's batches
+    parity_steps: int = 0
     threads: list[int] = field(default_factory=lambda: [1, 2])
     timed_steps: int = 20  # throughput: training steps per timed call
     repeats: int = 5  # throughput: timed calls per arm and thread count
@@ -209,6 +212,8 @@ class SideBySideConfig:
     name: str = "equal_tokens"  # the block of `doc` (and of docs/side_by_side.json beside it) to write
 
     def __post_init__(self) -> None:
+        if self.parity_steps < 0:
+            raise UserError(f"parity_steps={self.parity_steps} must be >= 0 (0: no parity check)")
         if not self.seeds:
             raise UserError("seeds=[] trains nothing: give at least one seed, e.g. seeds=[1337]")
         unknown = sorted(set(self.arms) - set(SIDE_BY_SIDE_ARMS))

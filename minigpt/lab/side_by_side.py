@@ -124,12 +124,12 @@ class ReferenceRun:
         self.loader = BatchLoader(data.split("train"), block_size, batch_size, seed=seed)
         self.steps, self.taken = steps, 0
 
-    def step(self) -> torch.Tensor:
-        """The next training step (after the last one of `steps` the schedule starts again): its loss, before
-        the update."""
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The next training step (after the last one of `steps` the schedule starts again) on `batch`, or
+        on the loader's next one: its loss, before the update."""
         i = self.taken % self.steps
         self.taken += 1
-        x, y = self.loader.next_batch()  # (B, T) each
+        x, y = batch if batch is not None else self.loader.next_batch()  # (B, T) each
         loss = self.model(x, y)
         loss.backward()
         progress = i / self.steps
