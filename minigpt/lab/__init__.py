@@ -7,6 +7,7 @@
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     side_by_side.py     scripts/side_by_side.py: another project's recipe on minigpt's bins, batches, scorer
     side_by_side_throughput.py  how many tokens per second each arm of the side-by-side trains, interleaved
+    reference_parity.py the side-by-side's arms from the same weights: logits and each step's updates compared
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
     ablation_report.py  its table, figures and the block of docs/ablation.md, over seeds
     scaling.py          scripts/scaling.py: a power law of val bpb against FLOPs over model sizes, checked
