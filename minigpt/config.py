@@ -19,6 +19,7 @@ from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
     AblationReportConfig,
     BenchConfig,
+    DecodingDocConfig,
     LossCurvesConfig,
     PEPlotsConfig,
     ScalingConfig,
@@ -26,6 +27,8 @@ from minigpt.lab.config import (
     SideBySideConfig,
     SpeedrunConfig,
     TemperatureConfig,
+    TricksReportConfig,
+    UpdateDocsConfig,
 )
 from minigpt.training.config import TrainConfig
 
@@ -38,6 +41,8 @@ SCHEMAS = {
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
     "side_by_side_schema": SideBySideConfig,
+    "tricks_report_schema": TricksReportConfig, "decoding_doc_schema": DecodingDocConfig,
+    "update_docs_schema": UpdateDocsConfig,
 }
 
 

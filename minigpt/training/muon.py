@@ -31,14 +31,23 @@ Muon is for the hidden layers' matrices only. The embeddings (a row moves only w
 orthogonalising across rows means nothing), the output head (its rows are per-token scores, like an
 embedding's), the norms' gains, biases and the little gates are trained by AdamW (torch's own functional
 implementation, fused), as in every Muon recipe. `build_optimizer` (optim.py) makes the split.
+
+Under DDP or FSDP2 each matrix is orthogonalised by one rank only, from the whole momentum, and the result
+sent to the others (minigpt/cluster/whole_matrices.py); the momentum and the update are elementwise and stay
+here, applied by every rank to the rows it holds.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
+
+from minigpt.cluster.distributed import local_tensor
+from minigpt.cluster.whole_matrices import on_owners
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.: the largest slope at 0 that still converges
 NS_EPS = 1e-7  # keeps a zero gradient (a parameter that got none) from dividing by zero
@@ -106,24 +115,38 @@ def normalize_neurons(update: torch.Tensor, second_moment: torch.Tensor, beta2: 
     return (scaled * (update.norm() / scaled.norm().clamp_min(NS_EPS))).to(update.dtype)
 
 
+def newton_schulz_flops(shape: tuple[int, int]) -> int:
+    """FLOPs of one Newton-Schulz iteration on an (m, n) matrix: with r = min(m, n), k = max(m, n),
+    X Xᵀ (2 r² k), its square (2 r³) and the product with X (2 r² k), as `orthogonalize` computes them."""
+    r, k = min(shape), max(shape)
+    return 4 * r * r * k + 2 * r**3
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others.
 
     Muon groups take lr, weight_decay, cautious, momentum, ns_steps, beta2 (None: no `normalize_neurons`),
     orthogonalize (`orthogonalize` or `polar_express`, by name) and splits (None, or the row counts of the
-    blocks each matrix is orthogonalised in, e.g. a fused q/k/v matrix's three);
-    AdamW groups take lr, weight_decay, betas, eps (the meaning torch.optim.AdamW gives them). The state is
-    torch's: `momentum_buffer` (and `second_moment`) for a Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an
-    AdamW parameter, so checkpoints save and restore it like any optimizer's.
+    blocks each matrix is orthogonalised in, e.g. a fused q/k/v matrix's three); AdamW groups take lr,
+    weight_decay, betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's:
+    `momentum_buffer` (and `second_moment`) for a Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW
+    parameter, so checkpoints save and restore it like any optimizer's.
+
+    `over_ranks` (DDP or FSDP2) shares the orthogonalisations out, each matrix to one rank (`on_owners`);
+    False in one process, where every matrix is orthogonalised here. Over ranks the matrices are plain ones
+    (Newton-Schulz, no beta2, no splits, plain decay: `build_muon` refuses the rest).
     """
 
-    def __init__(self, groups: list[dict]) -> None:
+    def __init__(self, groups: list[dict], over_ranks: bool = False) -> None:
         defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, cautious=False, momentum=0.95, ns_steps=5,
                         beta2=None, orthogonalize="newton_schulz", splits=None, betas=(0.9, 0.95), eps=1e-8)
         super().__init__(groups, defaults)
+        self.over_ranks = over_ranks
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon groups hold matrices only")
+            if group["muon"] and not over_ranks and any(isinstance(p, DTensor) for p in group["params"]):
+                raise ValueError("a shard is not orthogonalised alone: FSDP2 needs over_ranks=True")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -140,18 +163,31 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        """Under FSDP2 `local_tensor` is the rows this rank holds (of the weight, its gradient, its momentum,
+        all sharded alike), and `p.shape` the whole matrix's."""
         lr, mu = group["lr"], group["momentum"]
+        nesterovs = []
         for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            m = state["momentum_buffer"]
-            m.lerp_(p.grad, 1 - mu)  # M <- μ M + (1 - μ) G
-            nesterov = p.grad.lerp(m, mu)  # G + μ (M - G)
+            m, grad = local_tensor(state["momentum_buffer"]), local_tensor(p.grad)
+            m.lerp_(grad, 1 - mu)  # M <- μ M + (1 - μ) G
+            nesterovs.append(grad.lerp(m, mu))  # G + μ (M - G)
+        steps = group["ns_steps"]
+        if self.over_ranks:  # plain matrices only (build_muon)
+            costs = [steps * newton_schulz_flops((p.shape[0], p.shape[1])) for p in params]
+            updates = on_owners(partial(orthogonalize, steps=steps), params, nesterovs, costs)
+            for p, update in zip(params, updates, strict=True):
+                w = local_tensor(p)
+                w.mul_(1 - lr * group["weight_decay"])
+                w.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+            return
+        for p, nesterov in zip(params, nesterovs, strict=True):
             updates, factors = [], []
             for i, block in enumerate(nesterov.split(group["splits"] or [p.shape[0]])):  # row blocks
                 factor = math.sqrt(max(1.0, block.shape[0] / block.shape[1]))  # tall blocks: larger entries
-                updates.append(self._block_update(block, state, i, group) * factor)
+                updates.append(self._block_update(block, self.state[p], i, group) * factor)
                 factors.append(torch.full((block.shape[0], 1), factor, device=p.device, dtype=p.dtype))
             update = torch.cat(updates)  # (m, n)
             if group["cautious"]:  # decay only where the update already moves the entry towards 0, at its lr

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from minigpt.cluster.whole_matrices import communication_bytes
 from minigpt.errors import UserError
 from minigpt.model.attention import CausalSelfAttention
 from minigpt.model.residual_scalars import ResidualScalars
@@ -97,12 +98,14 @@ def adam_settings(group: dict, cfg: OptimConfig) -> dict:
     return settings
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu", world_size: int = 1
+                    ) -> torch.optim.Optimizer:
     """AdamW over `param_groups`, fused on CUDA and CPU: one kernel updates all parameters in one pass
     over their memory, where the default implementation loops over them in Python (docs/performance.md).
-    optim.name=muon: `build_muon`."""
+    optim.name=muon: `build_muon`. AdamW's update is elementwise, so under DDP or FSDP2 (`world_size` > 1)
+    each rank updates what it holds; Muon's is not, and shares its work out over the ranks."""
     if cfg.name == "muon":
-        return build_muon(model, cfg)
+        return build_muon(model, cfg, world_size)
     groups = [{**g, **adam_settings(g, cfg)}
               for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_decay = sum(p.numel() for p in groups[0]["params"])
@@ -124,15 +127,13 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
             if name.startswith("transformer.h.") and p.dim() == 2 and min(p.shape) > 1 and p.requires_grad]
 
 
-def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
+def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonAdamW:
     """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
-    the embedding tables at optim.embed_lr when it is set).
+    the embedding tables at optim.embed_lr when it is set). With several processes (`world_size`: DDP, or
+    FSDP2's shards) each matrix is orthogonalised by one rank (minigpt/cluster/whole_matrices.py).
 
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
-    if any(isinstance(p, DTensor) for p in matrices):
-        raise UserError("optim.name=muon (the default) orthogonalises whole matrices and cannot train FSDP "
-                        "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
                    for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
@@ -150,8 +151,24 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
     for rows in {splits[id(p)] for p in fused}:  # one group per split (every layer's is the same)
         same = [p for p in fused if splits[id(p)] == rows]
         muon_groups.append({**muon, "params": same, "splits": list(rows)})
-    adam = [{**g, **adam_settings(g, cfg)} for g in adam_groups if g["params"]]
-    return MuonAdamW([g for g in muon_groups if g["params"]] + adam)
+    groups = [g for g in muon_groups if g["params"]] + [{**g, **adam_settings(g, cfg)}
+                                                        for g in adam_groups if g["params"]]
+    if world_size == 1 or not matrices:
+        return MuonAdamW(groups)
+    recipe = {"muon_beta2": cfg.muon_beta2 is not None, "muon_split_qkv": cfg.muon_split_qkv,
+              "cautious_weight_decay": cfg.cautious_weight_decay,
+              "muon_orthogonalize": cfg.muon_orthogonalize != "newton_schulz"}
+    for key, on in recipe.items():
+        if on:
+            raise UserError(f"optim.{key}={getattr(cfg, key)} runs in one process only for now (Muon over "
+                            f"ranks orthogonalises plain matrices): train with one process, or set it back")
+    sharded = any(isinstance(p, DTensor) for p in matrices)
+    sent = communication_bytes([(p.shape[0], p.shape[1]) for p in matrices], world_size, sharded,
+                               matrices[0].element_size())
+    route = "its FSDP2 rows gathered there and scattered back" if sharded else "then broadcast"
+    log.info("Muon over %d ranks: each matrix orthogonalised by one of them (%s), %s bytes per step",
+             world_size, route, f"{sent:,}")
+    return MuonAdamW(groups, over_ranks=True)
 
 
 def qkv_splits(model: nn.Module) -> dict[int, tuple[int, int, int]]:

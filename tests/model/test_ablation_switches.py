@@ -33,6 +33,7 @@ SWITCHES = {
     "no_positions": ({"pos_encoding": "none"}, "model.pos_encoding=none"),
     "no_residual": ({"residual": False}, "model.residual=false"),
     "no_final_norm": ({"final_norm": False}, "model.final_norm=false"),
+    "batchnorm": ({"norm": "batchnorm"}, "model.norm=batchnorm"),
 }
 
 
