@@ -230,3 +230,10 @@ def test_the_groups_get_their_own_lr_betas_eps_and_a_constant_weight_decay():
         got = (g["lr"], g["betas"], g["eps"], g["weight_decay"])
         assert got == (pytest.approx(lr), betas, eps, decay), name
     assert groups["muon"]["weight_decay"] == pytest.approx(0.14)  # the scheduled decay: cos² at half way
+
+
+def test_the_recipe_options_of_muon_are_refused_over_ranks_in_one_line():
+    with pytest.raises(UserError) as err:
+        build_optimizer(_model(), OptimConfig(muon_beta2=0.9), world_size=2)
+    message = str(err.value)
+    assert message.startswith("optim.muon_beta2=0.9 runs in one process only") and "\n" not in message
