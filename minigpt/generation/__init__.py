@@ -4,13 +4,12 @@ Read in this order:
     config.py       GenerateConfig, the keys of configs/generate.yaml (no torch)
     text.py         prompts in (files, escapes), streamed text out
     output.py       a stdout whose reader may leave early (`| head`)
-    kernels.py      how a decode step computes (matrix layouts, oneDNN, attention), measured on this machine
-    step.py         the decode step, eager or compiled (`compile=true`)
-    decoder.py      a loaded checkpoint made a decoder: weights dtype (int8 included), kernels, step
+    decoder.py      a checkpoint loaded in the weights dtype asked for (int8 included), with the fastest
+                    decode step for it on this machine (minigpt/fast/, `compile=true` included)
     speculative.py  speculative decoding: a draft proposes, the model verifies (`draft=`)
     session.py      an interactive session that keeps its KV cache between turns
     run.py          what scripts/generate.py does: load a checkpoint, sample, stream, summarise
 
-The decoding loop, the sampling filters and the window rule they run on live in `minigpt/sampling/`; what the
-switches cost and gain is in docs/decoding.md.
+The decoding loop, the sampling filters and the window rule they run on live in `minigpt/sampling/`; how a
+step is made fast, in `minigpt/fast/`; what the switches cost and gain is in docs/decoding.md.
 """

@@ -23,10 +23,10 @@ class GenerateConfig:
     seed: int = 1337
     device: InferenceDeviceConfig = field(default_factory=InferenceDeviceConfig)  # `device=cpu|cuda|mps`
     # of the weights and the KV cache; auto: bfloat16 on CUDA, float32 elsewhere; int8: weight-only int8
-    # linear layers (model/int8.py) with float activations, their dtype measured (generation/kernels.py)
+    # linear layers (model/int8.py) with float activations, their dtype measured (minigpt/fast/int8.py)
     weights_dtype: str = "auto"
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
-    compile: bool = False  # torch.compile the decode step (generation/step.py); pays for long generations
+    compile: bool = False  # torch.compile the decode step (minigpt/fast/step.py); pays for long generations
     draft: str | None = None  # speculative decoding: a smaller checkpoint, same tokenizer, proposes tokens
     num_draft_tokens: int = 4  # tokens the draft proposes per forward of the model (with draft=)
     stream: bool = True  # print the first sample token by token as it is generated

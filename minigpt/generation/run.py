@@ -17,8 +17,9 @@ import torch
 
 from minigpt.checkpoint.format import TOKENIZER_HASHES
 from minigpt.errors import UserError
+from minigpt.fast.step import DecodeStep
 from minigpt.generation.config import GenerateConfig
-from minigpt.generation.decoder import Decoder, load_decoder
+from minigpt.generation.decoder import load_decoder
 from minigpt.generation.output import ClosableOutput
 from minigpt.generation.session import Session
 from minigpt.generation.speculative import speculative_stream_tokens
@@ -26,20 +27,27 @@ from minigpt.generation.text import TextStream, encode_prompt, read_prompt, unes
 from minigpt.sampling.decode import stream_tokens
 from minigpt.sampling.naive import naive_stream_tokens
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.sequences import GenerationStats, Step, StopFn, StopStrings, default_keep, window_length
+from minigpt.sampling.sequences import (
+    GenerationStats,
+    Sampled,
+    StopFn,
+    StopStrings,
+    default_keep,
+    window_length,
+)
 
 SEPARATOR = "\n" + "-" * 40 + "\n"
 
 
 @dataclass
 class Loaded:
-    """What the generate command decodes with: the model's decoder, its tokenizer and meta, and the draft's
-    decoder (with draft=)."""
+    """What the generate command decodes with: the model's decode step (its `model` the model), its tokenizer
+    and meta, and the draft's decode step (with draft=)."""
 
-    decoder: Decoder
+    step: DecodeStep
     tokenizer: Any
     meta: dict
-    draft: Decoder | None = None
+    draft: DecodeStep | None = None
     compile_s: float = 0.0  # choosing kernels for and compiling the decode steps (compile=true), on load
 
 
@@ -48,7 +56,7 @@ def load_for_generation(cfg: GenerateConfig) -> Loaded:
     load = lambda path: load_decoder(path, cfg.device.type, cfg.weights_dtype, compile=cfg.compile,
                                      batch_size=cfg.num_samples)
     start = time.perf_counter()
-    decoder, tokenizer, meta = load(cfg.checkpoint)
+    step, tokenizer, meta = load(cfg.checkpoint)
     draft = None
     if cfg.draft is not None:
         draft, _, draft_meta = load(cfg.draft)
@@ -56,30 +64,30 @@ def load_for_generation(cfg: GenerateConfig) -> Loaded:
             raise UserError(f"draft={cfg.draft!r} was trained with another tokenizer than the checkpoint; "
                             "speculative decoding needs one tokenizer (its drafts are token ids)")
     # a compiled step's kernels are chosen by compiling and timing candidates: part of compiling it
-    compiled = decoder.step.compiled or (draft is not None and draft.step.compiled)
+    compiled = step.compiled or (draft is not None and draft.compiled)
     choosing = time.perf_counter() - start if compiled else 0.0
-    return Loaded(decoder, tokenizer, meta, draft, choosing + compile_now(cfg, decoder, draft))
+    return Loaded(step, tokenizer, meta, draft, choosing + compile_now(cfg, step, draft))
 
 
-def compile_now(cfg: GenerateConfig, decoder: Decoder, draft: Decoder | None) -> float:
+def compile_now(cfg: GenerateConfig, step: DecodeStep, draft: DecodeStep | None) -> float:
     """With compile=true, compile the decode steps now, by a throwaway greedy generation of a few tokens down
     the path the prompt will take (speculative or not, `cfg.num_samples` rows), so that the summary's speed is
     decoding's, not compilation's; returns the seconds it took (0 for eager steps)."""
-    if not (decoder.step.compiled or (draft is not None and draft.step.compiled)):
+    if not (step.compiled or (draft is not None and draft.compiled)):
         return 0.0
     start = time.perf_counter()
     prompt, greedy = [0, 0], SamplingParams(0.0)  # any ids: the graphs depend on shapes, not values
-    generator = torch.Generator(device=decoder.step.device)
+    generator = torch.Generator(device=step.device)
     # two forwards at two cache lengths: the second compiles the graph that serves every length
     if draft is not None:  # two verification rounds
         k = cfg.num_draft_tokens
-        steps = speculative_stream_tokens(decoder.model, draft.model, prompt, params=greedy,
-                                          generator=generator, max_new_tokens=2 * (k + 1) + 1,
-                                          num_draft_tokens=k, step=decoder.step, draft_step=draft.step)
+        stream = speculative_stream_tokens(step.model, draft.model, prompt, params=greedy,
+                                           generator=generator, max_new_tokens=2 * (k + 1) + 1,
+                                           num_draft_tokens=k, step=step, draft_step=draft)
     else:  # two decode steps
-        steps = stream_tokens(decoder.model, [prompt] * cfg.num_samples, max_new_tokens=3, params=greedy,
-                              generator=generator, step=decoder.step)
-    for _ in steps:
+        stream = stream_tokens(step.model, [prompt] * cfg.num_samples, max_new_tokens=3, params=greedy,
+                               generator=generator, step=step)
+    for _ in stream:
         pass
     return time.perf_counter() - start
 
@@ -89,17 +97,18 @@ def _stops(cfg: GenerateConfig, tokenizer: Any) -> tuple[list[int], StopStrings]
     return ([] if eot is None else [eot]), StopStrings([unescape(s) for s in cfg.stop], tokenizer.decode)
 
 
-def _steps(cfg: GenerateConfig, loaded: Loaded, ids: list[int], stop_ids: list[int], stop_fn: StopFn | None,
-           keep: int, generator: torch.Generator, stats: GenerationStats) -> Iterator[Step]:
+def _stream(cfg: GenerateConfig, loaded: Loaded, ids: list[int], stop_ids: list[int], stop_fn: StopFn | None,
+           keep: int, generator: torch.Generator, stats: GenerationStats) -> Iterator[Sampled]:
     """The decoding loop `cfg` asks for: speculative (draft=), KV-cached, or the naive reference; `keep`
     tokens survive a window rebuild."""
-    model, step = loaded.decoder.model, loaded.decoder.step
+    step = loaded.step
+    model = step.model
     kwargs = dict(max_new_tokens=cfg.max_new_tokens, params=cfg.sampling(loaded.tokenizer.vocab_size),
                   generator=generator, stop_ids=stop_ids, stop_fn=stop_fn, keep=keep, stats=stats)
     if loaded.draft is not None:
         draft = loaded.draft
         return speculative_stream_tokens(model, draft.model, ids, num_draft_tokens=cfg.num_draft_tokens,
-                                         step=step, draft_step=draft.step, **kwargs)
+                                         step=step, draft_step=draft, **kwargs)
     if cfg.kv_cache:
         return stream_tokens(model, [ids] * cfg.num_samples, step=step, **kwargs)
     return naive_stream_tokens(model, [ids] * cfg.num_samples, **kwargs)
@@ -114,25 +123,25 @@ def run_samples(
     prompt = read_prompt(cfg.prompt, cfg.prompt_file)
     ids = encode_prompt(tokenizer, prompt)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
-    generator = torch.Generator(device=loaded.decoder.step.device).manual_seed(cfg.seed)
+    generator = torch.Generator(device=loaded.step.device).manual_seed(cfg.seed)
     stats = GenerationStats(compile_s=loaded.compile_s)
-    block_size = loaded.decoder.model.config.block_size
+    block_size = loaded.step.model.config.block_size
     keep = default_keep(block_size, cfg.window_keep_ratio)
     seen = window_length(len(ids), block_size, keep)
     if seen < len(ids):  # the window rule (sampling/sequences.py) cuts it: say so rather than hide it
         err.write(f"note: the prompt has {len(ids)} tokens, more than the model's context of "
                   f"{block_size}; it continues from the last {seen} of them\n")
-    steps = _steps(cfg, loaded, ids, stop_ids, stop_strings or None, keep, generator, stats)
+    stream = _stream(cfg, loaded, ids, stop_ids, stop_strings or None, keep, generator, stats)
     outputs: list[list[int]] = [[] for _ in range(cfg.num_samples)]
     live = TextStream(tokenizer.decode, stop_strings.holdback()) if cfg.stream else None
     out.write(prompt)
-    for step in steps:
-        for b, t in enumerate(step.emitted):
+    for sampled in stream:
+        for b, t in enumerate(sampled.emitted):
             if t is not None:
                 outputs[b].append(t)
         # A token that completes a stop string ends its row (done); `finish` prints what precedes it.
-        if live is not None and step.emitted[0] is not None and not step.done[0]:
-            out.write(live.push(step.emitted[0]))
+        if live is not None and sampled.emitted[0] is not None and not sampled.done[0]:
+            out.write(live.push(sampled.emitted[0]))
     texts = [stop_strings.cut(tokenizer.decode(o)) for o in outputs]
     # The first sample streamed live (the batch decodes in lockstep, so interleaving them would be
     # unreadable); the others are printed whole once the batch is done.
@@ -140,7 +149,7 @@ def run_samples(
     for text in texts[1:]:
         out.write(SEPARATOR + prompt + text)
     out.write("\n")
-    err.write(stats.summary() + "\n")
+    err.write(f"{stats.summary()} | threads: {torch.get_num_threads()}\n")
     return texts, stats
 
 
@@ -151,7 +160,7 @@ def run_interactive(
 
     `read_line` returns the next line, or None at end of input (Ctrl-D); an empty line also ends it.
     """
-    model, tokenizer = loaded.decoder.model, loaded.tokenizer
+    model, tokenizer = loaded.step.model, loaded.tokenizer
     out, err = ClosableOutput(out), ClosableOutput(err)
     stop_ids, stop_strings = _stops(cfg, tokenizer)
     generator = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
@@ -162,7 +171,7 @@ def run_interactive(
     session = Session(
         model, cfg.sampling(tokenizer.vocab_size), generator, stop_ids=stop_ids, stop_fn=stop_strings or None,
         keep=default_keep(model.config.block_size, cfg.window_keep_ratio), on_rebuild=rebuilt,
-        step=loaded.decoder.step,
+        step=loaded.step,
     )  # fmt: skip
     err.write("interactive: each line is appended to the session and continued; empty line or Ctrl-D quits\n")
     while (line := read_line()) is not None and line != "":

@@ -3,7 +3,7 @@
 Each turn appends the user's tokens to the history and feeds only those (plus the model's last
 sampled token, which had not been fed yet) through the model: everything earlier is already in
 the cache. The reply is then decoded token by token as in `sampling/decode.py`, through the same
-decode step (eager or compiled).
+decode step (the model's own, or the one the generate command hands in).
 
 The context follows the same window rule as the generator (`sampling/sequences.py`): the window length is a
 function of the history length alone. Feeding k tokens normally grows the window by k; when the
@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from minigpt.sampling.decode import DecodeFn, eager_step, prefill_windows
+from minigpt.sampling.decode import DecodeFn, own_step, prefill_windows
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
 from minigpt.sampling.sequences import StopFn, default_keep, window_length
@@ -40,7 +40,7 @@ class Session:
         step: DecodeFn | None = None,
     ):
         self.model, self.params, self.generator = model, params, generator
-        self.step = eager_step(model) if step is None else step  # the forward of each turn's new tokens
+        self.step = own_step(model) if step is None else step  # the forward of each turn's new tokens
         self.block_size = model.config.block_size
         self.keep = default_keep(self.block_size) if keep is None else keep
         self.stop_ids = frozenset(stop_ids)
@@ -87,7 +87,7 @@ class Session:
         logits = self._feed(list(prompt_ids))
         self.last_prefill = self.prefilled_tokens - before
         reply: list[int] = []
-        for step in range(max_new_tokens):
+        for i in range(max_new_tokens):
             token = sample(logits, self.params, self.generator).item()  # the step's one host sync
             self.history.append(token)
             self.pending = 1
@@ -95,6 +95,6 @@ class Session:
                 return
             reply.append(token)
             yield token
-            if (self.stop_fn is not None and self.stop_fn(0, reply)) or step == max_new_tokens - 1:
+            if (self.stop_fn is not None and self.stop_fn(0, reply)) or i == max_new_tokens - 1:
                 return
             logits = self._feed([])

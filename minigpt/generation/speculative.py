@@ -29,10 +29,10 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from minigpt.sampling.decode import DecodeFn, eager_step
+from minigpt.sampling.decode import DecodeFn, own_step
 from minigpt.sampling.next_token import draw, probabilities, sample
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.sequences import GenerationStats, Rows, Step, StopFn, default_keep, window_length
+from minigpt.sampling.sequences import GenerationStats, Rows, Sampled, StopFn, default_keep, window_length
 
 
 class Context:
@@ -107,16 +107,16 @@ def speculative_stream_tokens(
     stats: GenerationStats | None = None,
     step: DecodeFn | None = None,
     draft_step: DecodeFn | None = None,
-) -> Iterator[Step]:
+) -> Iterator[Sampled]:
     """Generate up to `max_new_tokens` after `prompt` with `draft` proposing `num_draft_tokens` per round;
-    yields one Step per token, as `stream_tokens` does for a batch of one (its logits: the model's)."""
+    yields one Sampled per token, as `stream_tokens` does for a batch of one (its logits: the model's)."""
     if params.vocab_size is None and model.config.vocab_size != draft.config.vocab_size:
         raise ValueError("the draft and the model have different vocabularies; give params.vocab_size")
     rows = Rows([prompt], stop_ids, stop_fn)
     stats = stats if stats is not None else GenerationStats()
     stats.batch_size, stats.prompt_tokens = 1, len(prompt)
-    target = Context(model, step or eager_step(model), keep)
-    proposer = Context(draft, draft_step or eager_step(draft))
+    target = Context(model, step or own_step(model), keep)
+    proposer = Context(draft, draft_step or own_step(draft))
     generated = 0
     while generated < max_new_tokens and not rows.all_done:
         start, seq, n = time.perf_counter(), rows.seqs[0], len(rows.seqs[0])
@@ -140,12 +140,12 @@ def speculative_stream_tokens(
             stats.prefill_s += elapsed
         else:
             stats.decode_s += elapsed
-            stats.decode_steps += len(emitted)
+            stats.decoded_per_row += len(emitted)
         for i, t in enumerate(emitted):
             out = rows.record([t])
             stats.new_tokens += out[0] is not None
             generated += 1
-            yield Step(out, list(rows.done), p_logits[i : i + 1])
+            yield Sampled(out, list(rows.done), p_logits[i : i + 1])
             if rows.all_done:
                 break
     stats.reprefills = target.rebuilds

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
+from minigpt.device.config import InferenceDeviceConfig, check_threads, check_weights_dtype
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.training.config import LoggingConfig, TrainConfig, TrainerConfig
@@ -101,7 +101,7 @@ class BenchConfig:
     quick: bool = False  # small sizes and few repeats: under a minute
     only: list[str] = field(default_factory=list)  # sections (or aliases) to run; empty: the default suite
     json_out: str | None = None  # also write the results as JSON here
-    threads: int | None = None  # intra-op CPU threads; None: one per core
+    threads: int | None = None  # intra-op CPU threads; None: one per free core (device/threads.py)
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda
     compile: bool | None = None  # include torch.compile contenders; None: yes, except when quick
 
@@ -109,8 +109,7 @@ class BenchConfig:
         from minigpt.lab.bench.sections import select_sections
 
         select_sections(self.only)  # a UserError naming an unknown section
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
+        check_threads("threads", self.threads)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"device={self.device!r} is not one of: auto, cpu, cuda")
 

@@ -12,11 +12,23 @@ Shape legend, used in every docstring and `# (...)` comment of this package:
     V    vocab_size
     L    n_layer
 
-Data flow (read the files in this order): config.py (every choice, validated), embedding.py (token
-embedding + positional encoding), previous_token.py (the smear and the bigram table), rope.py, norm.py,
-attention.py (+ online_softmax.py), ffn.py, block.py, residual_scalars.py, kv_cache.py, init.py (how the
-weights start), chunked_loss.py (the head and the loss fused, chunk by chunk), gpt.py, factory.py;
-int8.py, packed.py and streamed.py (the ways a decode step's products and one-query attention can be
-computed, chosen by generation/kernels.py) stand beside them.
+Read in this order, the order a batch of token ids flows through the network:
+    embedding.py        token embedding + additive positional encodings (learned, sinusoidal, ablations)
+    rope.py             rotary positions: q and k rotated by their position
+    norm.py             LayerNorm and RMSNorm
+    attention.py        causal multi-head self-attention, its backends (math, sdpa, online) and GQA
+    online_softmax.py   the `online` backend: a softmax computed while streaming over key blocks
+    ffn.py              the position-wise feed-forward network
+    previous_token.py   two cheap ways to show each token its predecessor (technique switches)
+    residual_scalars.py learned scalars on the stream, the embedding's return and the backout (switches)
+    block.py            one block: attention then FFN, each in a residual connection and a norm
+    init.py             how every weight starts (model.init: gpt2 | fan_in)
+    kv_cache.py         the key/value cache that lets decoding feed one token per step
+    chunked_loss.py     cross-entropy fused with the output projection, a chunk of rows at a time
+    gpt.py              the whole model: token ids in, logits (and the loss) out
+    factory.py          build_model: the one place a ModelConfig becomes a GPT
+    config.py           ModelConfig, validated before any tensor is allocated (no torch)
+    int8.py             weight-only int8: the linear layers' matrices in a quarter of float32's bytes
+
 Nothing is imported here, so `minigpt.model.config` can be imported without torch (the config schemas do).
 """

@@ -10,8 +10,8 @@ Backends (`model.attention`), which must agree numerically (the tests compare th
 - `sdpa`: torch's fused `scaled_dot_product_attention` (flash / memory-efficient kernels on GPU).
 - `online`: streams over key/value blocks with a running softmax (online_softmax.py); never
   materialises the (T, S) score matrix.
-A decode step's single query may use a fourth, `streamed` (model/streamed.py): the same attention
-written as reductions for torch.compile to generate, chosen by measurement (`decode_backend`).
+A decode step (one new query per row on a KV cache) may instead be handed any function that computes the
+same attention for one query (`decode_attention`); the prefill keeps the model's own backend.
 
 Grouped-query attention: with H_kv < H key/value heads, query head h uses key/value head
 h // (H / H_kv). The KV cache stores only H_kv heads, so it shrinks by H / H_kv.
@@ -38,6 +38,7 @@ before the KV cache, which therefore stores the changed keys and values):
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,12 @@ from torch import nn
 from minigpt.model.config import ModelConfig
 from minigpt.model.online_softmax import online_attention
 from minigpt.model.rope import apply_rope
-from minigpt.model.streamed import streamed_attention
+
+# The attention of one new query per row and head on a KV cache: q (B, H, 1, D), k/v (B, H_kv, S, D), the
+# cache's mask (broadcastable to (B, 1, 1, S), True = may attend) or None, the scores' scale (None: 1/√D)
+# -> (B, H, 1, D)
+OneQueryAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float | None],
+                             torch.Tensor]
 
 
 def causal_mask(t: int, s: int, device: torch.device) -> torch.Tensor:
@@ -129,9 +135,8 @@ class CausalSelfAttention(nn.Module):
             self.ve_gate = nn.Linear(self.ve_gate_channels, self.n_kv_head, bias=False)  # init.py draws it
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
-        # A single new query on a KV cache (a decode step) may use another backend: the fastest one for that
-        # shape is measured when a model is prepared for decoding (generation/kernels.py). None: `backend`.
-        self.decode_backend: str | None = None
+        # a decode step's attention, when one is handed in (any function computing the same); None: `backend`
+        self.decode_attention: OneQueryAttention | None = None
         self.scale = None if config.attn_scale == "sqrt" else 1.0  # None: every backend's 1/√D
         self.online_block_size = config.online_block_size
         self.record_probs = False
@@ -171,9 +176,10 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer_idx, k, v)  # (B, H_kv, S, D): cached + new
-        one_query_step = kv_cache is not None and T == 1
-        backend = self.decode_backend if one_query_step and self.decode_backend else self.backend
-        y = self._attend(q, k, v, mask, is_causal, backend)  # (B, H, T, D)
+        if kv_cache is not None and T == 1 and self.decode_attention is not None:  # a decode step's one query
+            y = self.decode_attention(q, k, v, mask, self.scale)  # (B, H, 1, D)
+        else:
+            y = self._attend(q, k, v, mask, is_causal, self.backend)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads concatenated
         return self.c_proj(y)
 
@@ -187,8 +193,6 @@ class CausalSelfAttention(nn.Module):
             return y
         if backend == "sdpa":
             return sdpa_attention(q, k, v, mask, is_causal, p_drop, self.scale)
-        if backend == "streamed":  # a one-query step's only (decode_backend), so no causal mask to apply
-            return streamed_attention(q, k, v, mask, self.scale)
         return online_attention(
             q, k, v, mask=mask, is_causal=is_causal, block_size=self.online_block_size,
             dropout=self.attn_drop if p_drop > 0 else None, scale=self.scale,

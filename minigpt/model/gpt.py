@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minigpt.model.attention import OneQueryAttention
 from minigpt.model.block import Block
 from minigpt.model.chunked_loss import linear_cross_entropy
 from minigpt.model.config import ModelConfig
@@ -33,13 +34,9 @@ from minigpt.model.embedding import (
 from minigpt.model.init import init_weights
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
-from minigpt.model.packed import PackedLinear
 from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
 from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.model.rope import RotaryEmbedding
-from minigpt.model.streamed import StreamedLinear
-
-LAYOUTS = ("out_in", "in_out", "packed", "streamed")  # how prepare_for_inference stores the linears' matrices
 
 
 class GPT(nn.Module):
@@ -214,44 +211,11 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx)  # (B, T, C)
         return self.transformer.ln_e(x) if "ln_e" in self.transformer else x
 
-    @torch.no_grad()
-    def prepare_for_inference(self, layout: str = "out_in", rows: int = 1,
-                              decode_attention: str | None = None, head_layout: str | None = None) -> GPT:
-        """Switch to eval mode, store the blocks' linear matrices in `layout` and the head's in `head_layout`
-        (LAYOUTS; None: `layout`) for products of `rows` rows, and let one-query steps on a KV cache attend
-        with `decode_attention` (None: `config.attention`).
-
-        nn.Linear multiplies by the transpose of its (out, in) weight. For the one or few rows of a decode
-        step that product streams the whole matrix from memory, and how fast it does depends on the layout,
-        the dtype, the matrix's size and the CPU, so the caller decides, best by measuring
-        (generation/kernels.py does):
-            out_in   nn.Linear's own layout (and back to it from in_out)
-            in_out   the same (out, in) matrix with strides (1, out): `w.t().contiguous().t()`. The same
-                     nn.Linear runs; training afterwards still computes the right gradients, slowly
-            packed   oneDNN's blocked layout for `rows` rows (model/packed.py): the nn.Linear becomes a
-                     PackedLinear, for inference only, and there is no way back
-            streamed nn.Linear's own layout, the product written as a multiply-and-sum that a compiled step
-                     generates as one loop over the matrix (model/streamed.py): the nn.Linear becomes a
-                     StreamedLinear with the same parameters, and there is no way back
-        Values and shapes are unchanged (names too, but for packed's buffers); the arithmetic is the same up
-        to the order of the sums. The tied embedding table shares the head's matrix in the plain layouts (a
-        lookup reads one row per token, whatever the strides); packed, the head gets a copy. Int8 layers
-        (model/int8.py) have one layout and are left as they are. Every attention backend computes the same
-        attention (tests/model compares them), so `decode_attention` changes speed, not results.
-        """
-        head_layout = layout if head_layout is None else head_layout
-        for name in (layout, head_layout):
-            if name not in LAYOUTS:
-                raise ValueError(f"layout={name!r} is not one of {LAYOUTS}")
-        self.eval()
+    def use_decode_attention(self, attend: OneQueryAttention | None) -> None:
+        """Let every layer's decode step (one new query per row on a KV cache) attend with `attend`, a
+        function that computes the same attention (attention.py); None: each layer's own backend."""
         for block in self.transformer.h:
-            block.attn.decode_backend = decode_attention
-        for parent in list(self.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear):
-                    chosen = head_layout if child is self.lm_head else layout
-                    setattr(parent, name, _laid_out(child, chosen, rows))
-        return self
+            block.attn.decode_attention = attend
 
     @torch.no_grad()
     def attention_probs(self, idx: torch.Tensor) -> list[torch.Tensor]:
@@ -301,18 +265,3 @@ class GPT(nn.Module):
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,
         )
-
-
-def _laid_out(linear: nn.Linear, layout: str, rows: int) -> nn.Module:
-    """`linear` with its matrix in `layout` (see GPT.prepare_for_inference): itself, a PackedLinear or a
-    StreamedLinear."""
-    if layout == "packed":
-        return PackedLinear.from_linear(linear, rows)
-    if layout == "streamed":
-        return StreamedLinear.from_linear(linear)
-    w = linear.weight.data
-    if layout == "in_out" and w.is_contiguous():
-        linear.weight.data = w.t().contiguous().t()  # still (out, in), now with strides (1, out)
-    elif layout == "out_in" and not w.is_contiguous():
-        linear.weight.data = w.contiguous()  # back to nn.Linear's own layout
-    return linear

@@ -13,7 +13,7 @@ channel its precision.
 Two products, which must agree (tests/model/test_int8.py):
 - `int8_linear_reference`: the formula above as written, converting q to the activation dtype each call.
   The simple path, and the CUDA one: torch.compile fuses the conversion into the matmul there (torchao's
-  plain int8 weight-only layout computes this formula on every device).
+  plain int8 weight-only scheme computes this formula on every device).
 - `torch.ops.aten._weight_int8pack_mm`: PyTorch's own int8 weight-only kernel (CPU and MPS), which reads
   q as int8 and applies the scales in its epilogue, never materialising a float weight. It wants a 2-D
   input contiguous in its last dimension and scales in the activation dtype. Its 16-bit CPU kernel walks

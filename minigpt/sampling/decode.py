@@ -2,7 +2,7 @@
 
     prefill   the prompt windows (B, T) -> forward once, filling every layer's K/V cache
     decode    the last sampled tokens (B, 1) -> forward; each query attends to all cached K/V,
-              and its own K/V are written into the next cache slot
+              and its own K/V are written into the next cache slot (`decode_forward`: one decode step)
 
 Only the last position is projected to the vocabulary (`last_only=True`): the (B, T, V) logits of
 a prompt would be computed and thrown away.
@@ -18,12 +18,14 @@ each row from its own window; for the other rows that window is just their curre
 A step costs one host sync: the sampled tokens come back as a Python list for the stop checks.
 The model must be in eval mode (dropout off) for the tokens to be reproducible.
 
-The decode forward itself is a `DecodeFn`: by default the model called eagerly; the generate command can
-pass a compiled one (`generation/step.py`), which must give the same logits.
+A loop takes its decode step as a function (`DecodeFn`): the model's own (`own_step`) unless the caller
+hands in another that gives the same logits (the generate command hands in the fastest one this machine
+has, `minigpt/fast/`, which checks that before using it).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -37,7 +39,7 @@ from minigpt.sampling.sequences import (
     GenerationResult,
     GenerationStats,
     Rows,
-    Step,
+    Sampled,
     StopFn,
     default_keep,
     window_length,
@@ -46,14 +48,20 @@ from minigpt.sampling.sequences import (
 # Token id written into the padding slots: any valid id works, the mask hides it.
 PAD_ID = 0
 
-# One decode forward: the newest tokens (B, T) on top of the cache -> their logits (B, T, V). T is 1 here;
-# speculative decoding verifies several drafted tokens at once (generation/speculative.py).
+
+def decode_forward(model: torch.nn.Module, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    """One decode step: the newest tokens (B, T) fed on top of `cache` -> their logits (B, T, V); the cache
+    grows by T. T is 1 here; speculative decoding verifies several drafted tokens at once."""
+    return model(tokens, kv_cache=cache)[0]
+
+
+# A decode step with its model bound (`own_step`), or another function that gives its logits
 DecodeFn = Callable[[torch.Tensor, KVCache], torch.Tensor]
 
 
-def eager_step(model: torch.nn.Module) -> DecodeFn:
-    """The plain decode forward of `model`, called op by op."""
-    return lambda tokens, cache: model(tokens, kv_cache=cache)[0]
+def own_step(model: torch.nn.Module) -> DecodeFn:
+    """`model`'s own decode step: `decode_forward` with `model` bound."""
+    return functools.partial(decode_forward, model)
 
 
 def prefill_windows(model: torch.nn.Module, cache: KVCache, windows: list[list[int]]) -> torch.Tensor:
@@ -80,14 +88,14 @@ def stream_tokens(
     keep: int | None = None,
     stats: GenerationStats | None = None,
     step: DecodeFn | None = None,
-) -> Iterator[Step]:
-    """Generate up to `max_new_tokens` per row with the KV cache, yielding after every step.
+) -> Iterator[Sampled]:
+    """Generate up to `max_new_tokens` per row with the KV cache, yielding every new token of every row.
 
     prompts: B lists of token ids (each non-empty). Ends early once every row has stopped.
     keep: tokens kept when the window is rebuilt (default block_size // 2, see `sequences.py`).
-    step: the decode forward (default `eager_step(model)`); prefills always run eagerly.
+    step: the decode step (default `own_step(model)`); prefills are always `model`'s own forward.
     """
-    step = eager_step(model) if step is None else step
+    step = own_step(model) if step is None else step
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep
     rows = Rows(prompts, stop_ids, stop_fn)
@@ -111,11 +119,11 @@ def stream_tokens(
             stats.prefill_s += elapsed
         else:
             stats.decode_s += elapsed
-        yield Step(emitted, list(rows.done), logits)
+        yield Sampled(emitted, list(rows.done), logits)
         if rows.all_done or i == max_new_tokens - 1:
             return
         start = time.perf_counter()
-        stats.decode_steps += 1
+        stats.decoded_per_row += 1
         new_widths = [window_length(len(s), block_size, keep) for s in rows.seqs]
         if all(nw == w + 1 for nw, w in zip(new_widths, widths, strict=True)):
             logits = step(tokens.view(-1, 1), cache)[:, -1]  # (B, V)
@@ -147,17 +155,17 @@ def generate(
     kwargs = dict(max_new_tokens=max_new_tokens, params=params, generator=generator, stop_ids=stop_ids,
                   stop_fn=stop_fn, keep=keep, stats=stats)
     if use_cache:
-        steps = stream_tokens(model, prompts, step=step, **kwargs)
+        stream = stream_tokens(model, prompts, step=step, **kwargs)
     elif step is not None:
         raise ValueError("the naive reference has no cache to decode on; pass step=None with use_cache=False")
     else:
-        steps = naive_stream_tokens(model, prompts, **kwargs)
-    for step in steps:
-        for b, t in enumerate(step.emitted):
+        stream = naive_stream_tokens(model, prompts, **kwargs)
+    for sampled in stream:
+        for b, t in enumerate(sampled.emitted):
             if t is not None:
                 out[b].append(t)
         if keep_logits:
-            logits.append(step.logits)
+            logits.append(sampled.logits)
     return GenerationResult(out, stats, logits)
 
 

@@ -1,6 +1,6 @@
 """The deliberately simple reference generator: no cache, no padding, no batching tricks.
 
-Every step, every row's current window (the same rule as the cached generator, `sequences.py`) is
+For every new token, every row's current window (the same rule as the cached generator, `sequences.py`) is
 run through the full model on its own, and the last position's logits are stacked into a batch.
 It is O(T^2) per token and exists to be obviously right: tests check that the KV-cached
 generator produces the same logits and tokens, and `kv_cache=false` in generate.yaml runs it.
@@ -18,7 +18,7 @@ import torch
 
 from minigpt.sampling.next_token import sample
 from minigpt.sampling.params import SamplingParams
-from minigpt.sampling.sequences import GenerationStats, Rows, Step, StopFn, default_keep, window_length
+from minigpt.sampling.sequences import GenerationStats, Rows, Sampled, StopFn, default_keep, window_length
 
 
 @torch.no_grad()
@@ -33,8 +33,8 @@ def naive_stream_tokens(
     stop_fn: StopFn | None = None,
     keep: int | None = None,
     stats: GenerationStats | None = None,
-) -> Iterator[Step]:
-    """Same interface and outputs as `decode.stream_tokens`, recomputing everything every step."""
+) -> Iterator[Sampled]:
+    """Same interface and outputs as `decode.stream_tokens`, recomputing everything for every token."""
     block_size = model.config.block_size
     keep = default_keep(block_size) if keep is None else keep
     rows = Rows(prompts, stop_ids, stop_fn)
@@ -42,7 +42,7 @@ def naive_stream_tokens(
     stats.batch_size = len(prompts)
     stats.prompt_tokens = sum(len(p) for p in prompts)
     device = next(model.parameters()).device
-    for step in range(max_new_tokens):
+    for i in range(max_new_tokens):
         start = time.perf_counter()
         last = []
         for seq in rows.seqs:
@@ -53,11 +53,11 @@ def naive_stream_tokens(
         logits = torch.stack(last)  # (B, V)
         emitted = rows.record(sample(logits, params, generator).tolist())
         stats.new_tokens += sum(t is not None for t in emitted)
-        if step == 0:
+        if i == 0:
             stats.prefill_s += time.perf_counter() - start
         else:
             stats.decode_s += time.perf_counter() - start
-            stats.decode_steps += 1
-        yield Step(emitted, list(rows.done), logits)
+            stats.decoded_per_row += 1
+        yield Sampled(emitted, list(rows.done), logits)
         if rows.all_done:
             return

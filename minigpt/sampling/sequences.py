@@ -1,7 +1,7 @@
-"""What the decoding loops share: the window each row sees, when a row stops, and what a step yields.
+"""What the decoding loops share: the window each row sees, when a row stops, and what each new token yields.
 
 The cached loop (`decode.py`) and its naive reference (`naive.py`) both run on these, so they see the same
-context, stop at the same tokens and hand back the same `Step`s.
+context, stop at the same tokens and hand back the same `Sampled` records.
 
 **The sliding window.** A model trained on `block_size` tokens has no positions beyond that, so a longer
 sequence is generated from its most recent tokens only. Rebuilding the context every step would throw the
@@ -20,7 +20,7 @@ from. keep = block_size is a pure sliding window (a rebuild every step); the def
 rebuilds once every block_size // 2 + 1 tokens.
 
 **Stopping.** A row is done at an end-of-text token, a stop string, or its token budget. Rows of a batch
-finish at different steps; a finished row keeps being fed its sampled tokens (the batch decodes in
+finish at different tokens; a finished row keeps being fed its sampled tokens (the batch decodes in
 lockstep) but nothing more is recorded for it.
 """
 
@@ -123,12 +123,12 @@ class StopStrings:
         return max(self.max_len - 1, 0)
 
 
-# -------------------------------------------------------------------------------------------- steps
+# ------------------------------------------------------------------------------------ sampled tokens
 
 
 @dataclass
-class Step:
-    """One decoding step: what each row emitted (None once finished) and the logits it came from."""
+class Sampled:
+    """One new token per row: what each row emitted (None once finished) and the logits it was drawn from."""
 
     emitted: list[int | None]
     done: list[bool]
@@ -137,14 +137,14 @@ class Step:
 
 @dataclass
 class GenerationStats:
-    """Counts and timings for the summary line; the loop fills them as it runs."""
+    """Counts and seconds for the summary line; the loop fills them as it runs."""
 
     batch_size: int = 0
     prompt_tokens: int = 0  # summed over rows
     new_tokens: int = 0  # emitted tokens, summed over rows (stop tokens excluded)
     prefill_s: float = 0.0  # the first forward and the first sampled token
     decode_s: float = 0.0  # everything after it, rebuilds included
-    decode_steps: int = 0  # tokens per row decoded after the first (one forward each, without a draft)
+    decoded_per_row: int = 0  # tokens per row decoded after the first (one decode step each, without a draft)
     reprefills: int = 0  # cache rebuilds after the window filled up
     drafted: int = 0  # speculative decoding: tokens the draft proposed
     accepted: int = 0  # ... and the model accepted
@@ -153,7 +153,7 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        return self.decode_steps * self.batch_size / self.decode_s if self.decode_s > 0 else 0.0
+        return self.decoded_per_row * self.batch_size / self.decode_s if self.decode_s > 0 else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -176,4 +176,4 @@ class GenerationStats:
 class GenerationResult:
     tokens: list[list[int]]  # per row: the generated ids, stop token excluded
     stats: GenerationStats
-    logits: list[torch.Tensor] = field(default_factory=list)  # per step (B, V), when asked for
+    logits: list[torch.Tensor] = field(default_factory=list)  # per new token (B, V), when asked for

@@ -179,12 +179,12 @@ def test_int8_weights_generate_and_report_their_setup(ckpt: Path, caplog):
     import logging
 
     base = (f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=12", "temperature=0", "device=cpu")
-    with caplog.at_level(logging.DEBUG, logger="minigpt.generation.decoder"):
+    with caplog.at_level(logging.DEBUG, logger="minigpt.fast"):
         loaded = load_for_generation(config(*base, "weights_dtype=int8"))
     assert "int8 weights" in caplog.text and "activations" in caplog.text
     from minigpt.model.int8 import Int8Linear
 
-    assert any(isinstance(m, Int8Linear) for m in loaded.decoder.model.modules())
+    assert any(isinstance(m, Int8Linear) for m in loaded.step.model.modules())
     out, err = generate_in_process(*base, "weights_dtype=int8")
     assert out.startswith("ab") and len(out) > 3 and "new tokens: 12" in err
 
@@ -227,7 +227,7 @@ def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path
     eager_out, eager_err = generate_in_process(*args)
     cfg = config(*args, "compile=true")
     loaded = load_for_generation(cfg)
-    assert loaded.compile_s > 0 and loaded.decoder.step.compiled
+    assert loaded.compile_s > 0 and loaded.step.compiled
     out, err = io.StringIO(), io.StringIO()
     with torch.compiler.set_stance("fail_on_recompile"):  # raises if decoding the prompt compiles anything
         run_samples(cfg, loaded, out, err)

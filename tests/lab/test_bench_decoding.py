@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from minigpt.generation.decoder import STEP_MIN_SPEEDUP
+from minigpt.fast.timing import STEP_MIN_SPEEDUP
 from minigpt.lab.bench import llama_cpp
 from minigpt.lab.bench.generation import _targets, minigpt_generate, weight_bytes
 from minigpt.lab.bench.reference import gpt2_like_config

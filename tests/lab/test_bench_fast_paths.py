@@ -2,8 +2,9 @@
 
 - the chunked, head-fused cross-entropy (model/chunked_loss.py) against F.cross_entropy on full logits,
 - GPT's training forward with return_logits=False against the plain forward (loss and gradients),
-- `GPT.prepare_for_inference` (weights laid out (in, out) in memory, or packed for oneDNN) against the model
-  as trained.
+- bfloat16 cached decoding against the uncached path.
+
+(The decoding layouts of minigpt/fast/ are held against the model as trained in tests/fast/test_layouts.py.)
 """
 
 from __future__ import annotations
@@ -69,63 +70,6 @@ def test_training_forward_without_logits_matches_the_plain_one(tie_weights: bool
     loss_fused.backward()
     for (name, a), b in zip(plain.named_parameters(), fused.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, atol=1e-5, rtol=1e-4, msg=name)
-
-
-def test_prepare_for_inference_changes_the_layout_and_nothing_else() -> None:
-    model = _tiny()
-    ref = copy.deepcopy(model).eval()
-    idx = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(3))
-    prepared = model.prepare_for_inference("in_out")
-    assert prepared is model and not model.training
-    assert list(model.state_dict()) == list(ref.state_dict())  # same names: checkpoints load as before
-    for (name, w), (_, w_ref) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
-        assert w.shape == w_ref.shape and torch.equal(w, w_ref), name  # same values, exactly
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(linears) == 4 * 2 + 1  # c_attn, c_proj, c_fc, c_proj per block, and lm_head
-    for m in linears:
-        assert m.weight.stride() == (1, m.weight.shape[0])  # (out, in) with (in, out) memory
-    assert model.lm_head.weight is model.transformer.wte.weight  # still tied
-    with torch.no_grad():
-        torch.testing.assert_close(model(idx)[0], ref(idx)[0], atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_packed_model_computes_what_the_trained_one_does(dtype: torch.dtype) -> None:
-    """Logits of a whole window and the fused loss head (which reads the head's matrix, unpacked)."""
-    model = _tiny().to(dtype)
-    ref = copy.deepcopy(model).eval()
-    model.prepare_for_inference("packed", rows=2)
-    g = torch.Generator().manual_seed(3)
-    x, y = torch.randint(0, 61, (2, 9), generator=g), torch.randint(0, 61, (2, 9), generator=g)
-    tol = 1e-5 if dtype == torch.float32 else 2e-2
-    with torch.no_grad():
-        torch.testing.assert_close(model(x)[0], ref(x)[0], atol=tol, rtol=tol)
-        fused, plain = model(x, y, return_logits=False)[1], ref(x, y)[1]  # the fused loss is float32
-        torch.testing.assert_close(fused, plain.float(), atol=tol, rtol=tol)
-
-
-def test_cached_greedy_decoding_after_prepare_equals_the_naive_path_on_the_trained_layout() -> None:
-    from minigpt.sampling.decode import generate
-    from minigpt.sampling.params import SamplingParams
-
-    model = _tiny().eval()
-    fast = copy.deepcopy(model).prepare_for_inference("in_out")
-    runs = [generate(m, [[4, 8, 15, 16]], max_new_tokens=12, params=SamplingParams(temperature=0.0),
-                     generator=torch.Generator().manual_seed(0), use_cache=c, keep_logits=True)
-            for m, c in ((fast, True), (model, False))]
-    assert runs[0].tokens == runs[1].tokens
-    for a, b in zip(runs[0].logits, runs[1].logits, strict=True):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-
-
-def test_gradients_after_prepare_for_inference_are_still_right() -> None:
-    model = _tiny()
-    other = copy.deepcopy(model).prepare_for_inference("in_out").train()
-    x = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(4))
-    for m in (model, other):
-        m(x, x)[1].backward()
-    for (name, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_bf16_cached_decoding_matches_uncached_at_bf16_tolerance() -> None:

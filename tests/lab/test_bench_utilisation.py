@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minigpt.fast.layouts import lay_out
 from minigpt.lab.bench.generation import kv_bytes_per_token, mbu, weight_bytes
 from minigpt.lab.bench.peak import dtype_peak_flops, effective_peak
 from minigpt.lab.bench.reference import gpt2_like_config
@@ -44,7 +45,7 @@ def test_decode_bytes_are_every_matrix_once_plus_the_cache(tie: bool) -> None:
     assert weight_bytes(model) == expected
     assert weight_bytes(model.to(torch.bfloat16)) == expected // 2
     # a prepared model's matrices are the same bytes, whatever module computes them
-    assert weight_bytes(model.prepare_for_inference("streamed")) == expected // 2
+    assert weight_bytes(lay_out(model, "streamed")) == expected // 2
     assert kv_bytes_per_token(model) == 2 * L * C * 2  # K and V, every layer, bf16 now
     assert mbu(120e6, 0.01, 24e9) == pytest.approx(0.5)  # 120 MB per token at 100 tokens/s of 24 GB/s
     assert mbu(120e6, 0.01, None) is None

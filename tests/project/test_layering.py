@@ -22,6 +22,7 @@ LAYERS = (
     ("errors", "signals"),
     ("data", "model", "device"),
     ("checkpoint", "sampling"),
+    ("fast",),
     ("interop",),
     ("inspect",),
     ("cluster",),

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from minigpt.lab.bench.timing import interleave, peak_memory_bytes
+from minigpt.fast.timing import interleave
+from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.model.attention import math_attention, sdpa_attention
 from minigpt.model.online_softmax import online_attention
 

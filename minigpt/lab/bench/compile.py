@@ -22,7 +22,7 @@ from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
 
 from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
-from minigpt.lab.bench.timing import interleave, time_call
+from minigpt.fast.timing import interleave, time_call
 from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig

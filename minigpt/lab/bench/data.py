@@ -26,7 +26,7 @@ from minigpt.data.prepare import prepare_dataset
 from minigpt.data.shards import ShardWriter, TokenSplit
 from minigpt.data.sources import load_corpus
 from minigpt.data.verify import find_damage
-from minigpt.lab.bench.timing import Timing, time_call
+from minigpt.fast.timing import Timing, time_call
 
 SYNTHETIC_MB = 500  # the size asked of the verification measurement: a mid-sized corpus' shards
 SHARD_TOKENS = DataConfig().shard_tokens

@@ -24,7 +24,7 @@ import torch
 
 from minigpt.checkpoint.load import find_latest_checkpoint, read_checkpoint
 from minigpt.data.sources import load_corpus
-from minigpt.generation.decoder import quantize_for_decoding
+from minigpt.fast.int8 import quantize_for_decoding
 from minigpt.inspect.perplexity import document_tokens, recorded_corpus, sliding_window_loss
 from minigpt.lab.bench.generation import minigpt_generate
 from minigpt.model.gpt import GPT

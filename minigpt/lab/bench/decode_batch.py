@@ -3,10 +3,10 @@
 A decode step reads every weight once whatever the batch, so while reading weights dominates, a batch of B
 decodes nearly B times the tokens in the same time; throughput stops growing where the step's arithmetic
 (or its KV-cache reads) takes over. Each weights dtype is prepared as `generate num_samples=B` prepares it
-(kernels measured for B rows, `generation/kernels.py`), and compiled when the bench compiles, except for
-the whole-step streamed choice (`generation/decoder.py`): the setups are decided first so that one compiled
-step serves every batch size that chose the same kernels. The shape is
-the generation section's (W2); every row decodes `new_tokens` greedily after its own random prompt.
+(the plan measured for B rows, `minigpt/fast/`), and compiled when the bench compiles, except for the
+whole-step streamed choice (`fast/whole_steps.py`): the plans are chosen first so that one compiled step
+serves every batch size that chose the same plan. The shape is the generation section's (W2); every row
+decodes `new_tokens` greedily after its own random prompt.
 
 "saturates at" is the smallest batch whose tokens/s is within 10% of the sweep's best: past it, batching
 adds latency per token and little throughput.
@@ -18,11 +18,11 @@ import copy
 
 import torch
 
-from minigpt.generation.decoder import prepare_for_decoding, quantize_for_decoding
-from minigpt.generation.kernels import choose_kernels
+from minigpt.fast.fastest import choose_plan, fastest_step
+from minigpt.fast.int8 import quantize_for_decoding
+from minigpt.fast.timing import interleave
 from minigpt.lab.bench.generation import GREEDY, SHAPE, kv_bytes_per_token, mbu, weight_bytes
 from minigpt.lab.bench.reference import gpt2_like_config
-from minigpt.lab.bench.timing import interleave
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 
@@ -41,21 +41,18 @@ def bench_decode_batch(device: torch.device, *, batch_sizes: tuple[int, ...] = (
     contenders, decoders, prepared, setups = {}, {}, {}, {}
     for dtype, model in models.items():
         for b in batch_sizes:
-            kernels, why = choose_kernels(model, b, int8=dtype == "int8", compile=compile)
-            # a copy per setup (packed matrices are packed for their batch size); one compiled step serves
-            # every batch of a setup
-            key = (dtype, kernels, b if "packed" in (kernels.layout, kernels.head_layout) else None)
+            plan, why = choose_plan(model, b, compile=compile)
+            # a copy per plan (packed matrices are packed for their batch size); one compiled step serves
+            # every batch of a plan
+            key = (dtype, plan, b if "packed" in (plan.layout, plan.head_layout) else None)
             if key not in prepared:
-                prepared[key] = prepare_for_decoding(copy.deepcopy(model), batch_size=b, compile=compile,
-                                                     int8=dtype == "int8", kernels=kernels)
+                prepared[key] = fastest_step(copy.deepcopy(model), rows=b, compile=compile, plan=plan)
             d = prepared[key]
-            step = f"decode step {'compiled' if d.step.compiled else 'eager'}"
-            setups[(dtype, b)] = "; ".join([*why, step])
+            setups[(dtype, b)] = "; ".join([*why, d.notes[-1]])
             prompts = torch.randint(0, SHAPE["vocab_size"], (b, prompt_len), generator=gen).tolist()
             decoders[(dtype, b)] = d
             contenders[f"{dtype} batch {b}"] = lambda d=d, p=prompts: generate(
-                d.model, p, max_new_tokens=new_tokens, params=GREEDY, generator=torch.Generator(),
-                step=d.step)
+                d.model, p, max_new_tokens=new_tokens, params=GREEDY, generator=torch.Generator(), step=d)
     with torch.no_grad():
         timings = interleave(contenders, repeats=repeats, warmup=1, device=device)
     mean_cached = prompt_len + (new_tokens - 1) / 2

@@ -15,9 +15,9 @@ import copy
 
 import torch
 
-from minigpt.generation.decoder import prepare_for_decoding
+from minigpt.fast.fastest import fastest_step
+from minigpt.fast.timing import interleave
 from minigpt.lab.bench.generation import default_model_config, minigpt_generate, step_timer
-from minigpt.lab.bench.timing import interleave
 from minigpt.model.factory import build_model
 
 TARGET_TOKENS_PER_S = 2000.0
@@ -28,12 +28,12 @@ def bench_default_decode(device: torch.device, *, prompt_len: int = 16, new_toke
     """tokens/s and seconds per step of the default model, eager and (compile) compiled."""
     torch.manual_seed(0)
     model = build_model(default_model_config()).to(device).eval()
-    decoders = {"eager": prepare_for_decoding(copy.deepcopy(model))}
+    decoders = {"eager": fastest_step(copy.deepcopy(model))}
     if compile:
-        decoders["compiled"] = prepare_for_decoding(model, compile=True)
+        decoders["compiled"] = fastest_step(model, compile=True)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(4))
-    runs = {name: (lambda d=d: minigpt_generate(d.model, prompt.tolist(), new_tokens, step=d.step))
+    runs = {name: (lambda d=d: minigpt_generate(d.model, prompt.tolist(), new_tokens, step=d))
             for name, d in decoders.items()}
     prefix = torch.randint(0, vocab, (1, 63), generator=torch.Generator().manual_seed(5))
     steps = {f"{name} step": step_timer(d, prefix.to(device)) for name, d in decoders.items()}

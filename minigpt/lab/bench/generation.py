@@ -3,9 +3,9 @@
 Shape W2: 6 layers x 384 wide x 6 heads, vocab 50304, block 1024, random weights, batch 1, 16 prompt tokens +
 256 new ones, greedy. Every contender really generates all 256 tokens (the HF reference gets
 `eos_token_id=None` and `min_new_tokens`, and random weights rarely repeat a stop token anyway). minigpt's
-models are prepared exactly as the generate command prepares them (`generation/decoder.py`: the product
-kernels measured for one row, int8 quantised with its activation dtype measured), each eager and compiled
-(`compile=true`). Measured:
+models are prepared exactly as the generate command prepares them (`minigpt/fast/`: the fastest step measured
+for one row and checked against the eager one, int8 quantised with its activation dtype measured), each
+eager and compiled (`compile=true`). Measured:
 
 - tokens/s of whole generations, per weights dtype: minigpt (float32, bfloat16, int8), HF `generate`
   (float32, bfloat16 where bf16 matmuls are native), llama.cpp (f32, bf16, q8_0: `llama_cpp.py`, where
@@ -33,16 +33,20 @@ from pathlib import Path
 import torch
 
 from minigpt.data.config import BPE_VOCAB_SIZE
-from minigpt.generation.decoder import Decoder, prepare_for_decoding, quantize_for_decoding, step_after
+from minigpt.fast.fastest import fastest_step
+from minigpt.fast.int8 import quantize_for_decoding
+from minigpt.fast.packed import PackedLinear
+from minigpt.fast.step import DecodeStep
+from minigpt.fast.streamed import StreamedLinear
+from minigpt.fast.timing import Timing, interleave, time_call
+from minigpt.fast.whole_steps import step_after
 from minigpt.lab.bench import llama_cpp
 from minigpt.lab.bench.reference import gpt2_like_config, reference_model
-from minigpt.lab.bench.timing import Timing, interleave, peak_memory_bytes, time_call
+from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import Int8Linear
-from minigpt.model.packed import PackedLinear
-from minigpt.model.streamed import StreamedLinear
 from minigpt.sampling.decode import generate
 from minigpt.sampling.next_token import greedy
 from minigpt.sampling.params import SamplingParams
@@ -98,24 +102,26 @@ def mbu(bytes_per_token: float, seconds_per_token: float, bandwidth: float | Non
     return None if not bandwidth else bytes_per_token / seconds_per_token / bandwidth
 
 
-def decoders(trained: GPT, compile: bool) -> tuple[dict[str, Decoder], dict[str, float]]:
+def decoders(trained: GPT, compile: bool) -> tuple[dict[str, DecodeStep], dict[str, float], dict[str, list]]:
     """minigpt's contenders: each weights dtype prepared as `generate` prepares it, eager and (compile)
-    compiled, each on a copy of its own with kernels measured for its own step (a compiled step has more
-    candidates, each compiled to be timed); and the seconds each compiled one took to prepare."""
-    models = {"fp32": (copy.deepcopy(trained), False, []),
-              "bf16": (copy.deepcopy(trained).bfloat16(), False, [])}
+    compiled, each on a copy of its own with its step measured for itself (a compiled step has more
+    candidates, each compiled to be timed); the seconds each compiled one took to prepare; and each one's
+    setup (what was measured and chosen)."""
     int8, why = quantize_for_decoding(copy.deepcopy(trained))
-    models["int8"] = (int8, True, [why])
-    out, prepare_s = {}, {}
-    for dtype, (model, is_int8, notes) in models.items():
+    models = {"fp32": copy.deepcopy(trained), "bf16": copy.deepcopy(trained).bfloat16(), "int8": int8}
+    quantized = {"fp32": [], "bf16": [], "int8": [why]}
+    out, prepare_s, setups = {}, {}, {}
+    for dtype, model in models.items():
         if compile:
             start = time.perf_counter()
-            compiled = prepare_for_decoding(copy.deepcopy(model), int8=is_int8, compile=True, notes=notes)
+            compiled = fastest_step(copy.deepcopy(model), compile=True)
             prepare_s[f"minigpt {dtype} compiled"] = time.perf_counter() - start
-        out[f"minigpt {dtype}"] = prepare_for_decoding(model, int8=is_int8, notes=notes)
+        out[f"minigpt {dtype}"] = fastest_step(model)
         if compile:
             out[f"minigpt {dtype} compiled"] = compiled
-    return out, prepare_s
+    for name, step in out.items():
+        setups[name] = [*quantized[name.split()[1]], *step.notes]
+    return out, prepare_s, setups
 
 
 def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: int = 256, repeats: int = 5,
@@ -126,7 +132,7 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
     emulated it is the slowest contender by far, and fp32 is the reference's best)."""
     torch.manual_seed(0)
     trained = build_model(gpt2_like_config(**SHAPE)).to(device).eval()
-    ours, prepare_s = decoders(trained, compile)
+    ours, prepare_s, setups = decoders(trained, compile)
     refs = {"fp32": reference_model(trained).eval()}
     notes = []
     if reference_bf16:
@@ -137,7 +143,7 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
     prompt_t = torch.randint(0, SHAPE["vocab_size"], (1, prompt_len), generator=gen).to(device)  # (1, P)
     prompt = prompt_t[0].tolist()
     contenders: dict[str, Callable[[], object]] = {
-        name: (lambda d=d: minigpt_generate(d.model, prompt, new_tokens, step=d.step))
+        name: (lambda d=d: minigpt_generate(d.model, prompt, new_tokens, step=d))
         for name, d in ours.items()}
     for d in refs:
         contenders[f"reference generate {d}"] = lambda r=refs[d]: reference_generate(r, prompt_t, new_tokens)
@@ -173,7 +179,7 @@ def bench_generation(device: torch.device, *, prompt_len: int = 16, new_tokens: 
         "greedy_tokens_equal_fp32": {name: same("minigpt fp32", name) for name in ours},
         "peak_mem_bytes": peak_mem, "read_bytes_per_s": read_bytes_per_s, "notes": notes,
         "weight_bytes": {name.split()[1]: weight_bytes(d.model) for name, d in ours.items()},
-        "setups": {name: d.notes for name, d in ours.items()}, "targets": _targets(rows),
+        "setups": setups, "targets": _targets(rows),
     }
     result["latency"] = _latency(ours, refs, latency_positions, latency_repeats, device, gen,
                                  read_bytes_per_s, compile)
@@ -227,11 +233,11 @@ def _targets(rows: dict) -> list[dict]:
     return out
 
 
-def step_timer(decoder: Decoder, prefix: torch.Tensor) -> Callable[[], None]:
+def step_timer(step: DecodeStep, prefix: torch.Tensor) -> Callable[[], None]:
     """A callable decoding one token after `prefix` (1, P) and picking it greedily, every call with exactly P
     cached tokens (`step_after`)."""
-    step = step_after(decoder.step, prefix)
-    return lambda: greedy(step()[:, -1])
+    call = step_after(step, prefix)
+    return lambda: greedy(call()[:, -1])
 
 
 def _reference_step_fn(ref: torch.nn.Module, prefix: torch.Tensor) -> Callable[[], None]:
@@ -258,15 +264,15 @@ def overhead_model(device: torch.device, shape: dict | None = None) -> GPT:
     return build_model(cfg).to(device).eval()
 
 
-def _latency(ours: dict[str, Decoder], refs: dict[str, torch.nn.Module], positions: tuple[int, ...],
+def _latency(ours: dict[str, DecodeStep], refs: dict[str, torch.nn.Module], positions: tuple[int, ...],
              repeats: int, device: torch.device, gen: torch.Generator, bandwidth: float | None,
              compile: bool) -> dict:
     """Seconds per decode step with ~pos tokens cached (and its MBU) per contender, and the overhead rows."""
     out: dict[str, dict] = {}
     tiny = overhead_model(device)
-    steppers = dict(ours) | {OVERHEAD: prepare_for_decoding(tiny)}
+    steppers = dict(ours) | {OVERHEAD: fastest_step(tiny)}
     if compile:
-        steppers[f"{OVERHEAD} compiled"] = prepare_for_decoding(copy.deepcopy(tiny), compile=True)
+        steppers[f"{OVERHEAD} compiled"] = fastest_step(copy.deepcopy(tiny), compile=True)
     for pos in positions:
         prefix = torch.randint(0, SHAPE["vocab_size"], (1, pos - 1), generator=gen).to(device)  # (1, pos-1)
         steps = {name: step_timer(d, prefix % d.model.config.vocab_size) for name, d in steppers.items()}

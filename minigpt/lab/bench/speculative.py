@@ -19,11 +19,13 @@ import copy
 
 import torch
 
-from minigpt.generation.decoder import Decoder, prepare_for_decoding, quantize_for_decoding
+from minigpt.fast.fastest import fastest_step
+from minigpt.fast.int8 import quantize_for_decoding
+from minigpt.fast.step import DecodeStep
+from minigpt.fast.timing import interleave
 from minigpt.generation.speculative import speculative_stream_tokens
 from minigpt.lab.bench.generation import GREEDY, SHAPE, minigpt_generate
 from minigpt.lab.bench.reference import gpt2_like_config
-from minigpt.lab.bench.timing import interleave
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.sampling.sequences import GenerationStats
@@ -41,12 +43,12 @@ def sharpened(model: GPT, std: float = SHARP_STD) -> GPT:
     return model
 
 
-def _speculative(model: Decoder, draft: Decoder, prompt: list[int], new_tokens: int, k: int,
+def _speculative(model: DecodeStep, draft: DecodeStep, prompt: list[int], new_tokens: int, k: int,
                  stats: GenerationStats) -> list[int]:
-    steps = speculative_stream_tokens(model.model, draft.model, prompt, max_new_tokens=new_tokens,
-                                      params=GREEDY, generator=torch.Generator(), num_draft_tokens=k,
-                                      stats=stats, step=model.step, draft_step=draft.step)
-    return [s.emitted[0] for s in steps]
+    stream = speculative_stream_tokens(model.model, draft.model, prompt, max_new_tokens=new_tokens,
+                                       params=GREEDY, generator=torch.Generator(), num_draft_tokens=k,
+                                       stats=stats, step=model, draft_step=draft)
+    return [s.emitted[0] for s in stream]
 
 
 def bench_speculative(device: torch.device, *, prompt_len: int = 16, new_tokens: int = 256,
@@ -54,15 +56,15 @@ def bench_speculative(device: torch.device, *, prompt_len: int = 16, new_tokens:
     """tokens/s, acceptance rate and tokens per forward of each (draft, k); see the module docstring."""
     torch.manual_seed(0)
     trained = sharpened(build_model(gpt2_like_config(**SHAPE))).to(device).eval()
-    model = prepare_for_decoding(copy.deepcopy(trained), compile=compile)
+    model = fastest_step(copy.deepcopy(trained), compile=compile)
     int8, _ = quantize_for_decoding(copy.deepcopy(trained))
-    drafts = {"int8 copy": prepare_for_decoding(int8, int8=True, compile=compile),
-              "bf16 copy": prepare_for_decoding(copy.deepcopy(trained).bfloat16(), compile=compile)}
+    drafts = {"int8 copy": fastest_step(int8, compile=compile),
+              "bf16 copy": fastest_step(copy.deepcopy(trained).bfloat16(), compile=compile)}
     gen = torch.Generator().manual_seed(3)
     prompt = torch.randint(0, SHAPE["vocab_size"], (prompt_len,), generator=gen).tolist()
     stats: dict[str, GenerationStats] = {}
     outputs: dict[str, list[int]] = {}
-    plain = lambda: minigpt_generate(model.model, prompt, new_tokens, step=model.step)
+    plain = lambda: minigpt_generate(model.model, prompt, new_tokens, step=model)
     contenders = {"plain": lambda: outputs.__setitem__("plain", plain())}
     for name, draft in drafts.items():
         for k in draft_tokens:

@@ -1,8 +1,8 @@
 """How far apart two compiled decode steps measure when they compute the same thing: the noise a choice
-between whole steps has to beat (`STEP_MIN_SPEEDUP` in generation/decoder.py).
+between whole steps has to beat (`STEP_MIN_SPEEDUP` in fast/timing.py).
 
 Shape W2 (generation.py's SHAPE, random weights), batch 1, per weights dtype with a streamed twin (float32,
-bfloat16): the kernels are chosen as `generate compile=true` chooses them, then four compiled steps are made,
+bfloat16): the plan is chosen as `generate compile=true` chooses it, then four compiled steps are made,
 each on a copy of its own: the step as chosen twice ("chosen", "chosen again") and its streamed twin
 (`streamed_twin`) twice ("streamed", "streamed again"). Three pairs are timed as the choice times a step and
 its twin (`time_steps`: interleaved rounds, their order alternating, after an eighth of the context) and
@@ -19,15 +19,10 @@ import copy
 
 import torch
 
-from minigpt.generation.decoder import (
-    STEP_MIN_SPEEDUP,
-    laid_out_step,
-    paired_speedup,
-    streamed_twin,
-    time_steps,
-)
-from minigpt.generation.kernels import Kernels, choose_kernels
-from minigpt.generation.step import DecodeStep
+from minigpt.fast.fastest import choose_plan
+from minigpt.fast.step import DecodeStep, Plan, build_step
+from minigpt.fast.timing import STEP_MIN_SPEEDUP, paired_speedup
+from minigpt.fast.whole_steps import streamed_twin, time_steps
 from minigpt.lab.bench.generation import SHAPE
 from minigpt.lab.bench.reference import gpt2_like_config
 from minigpt.model.factory import build_model
@@ -37,14 +32,14 @@ PAIRS = (("chosen", "chosen again"), ("streamed", "streamed again"), ("chosen", 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _step(model: GPT, kernels: Kernels) -> DecodeStep:
-    """A compiled step of its own copy of `model`, laid out as `kernels` say."""
-    return laid_out_step(copy.deepcopy(model), kernels, 1, compile=True)
+def _step(model: GPT, plan: Plan) -> DecodeStep:
+    """A step of its own copy of `model`, as `plan` says."""
+    return build_step(copy.deepcopy(model), plan)
 
 
 def bench_step_spread(device: torch.device, *, runs: int = 5, compile: bool = True, shape: dict | None = None,
                       dtypes: tuple[str, ...] = tuple(DTYPES)) -> dict:
-    """Per dtype of `dtypes`: the kernels chosen, and each pair's paired speed-up in each of `runs` runs, on
+    """Per dtype of `dtypes`: the plan chosen, and each pair's paired speed-up in each of `runs` runs, on
     `shape` (None: W2)."""
     if not compile:
         return {"skipped": "compiled steps only (the bench runs without compile)"}
@@ -55,14 +50,14 @@ def bench_step_spread(device: torch.device, *, runs: int = 5, compile: bool = Tr
     for name in dtypes:
         dtype = DTYPES[name]
         model = copy.deepcopy(base).to(dtype)
-        kernels, _ = choose_kernels(model, 1, False, compile=True)
-        streamed = streamed_twin(kernels)
-        steps = {"chosen": _step(model, kernels), "chosen again": _step(model, kernels),
+        plan, _ = choose_plan(model, 1, compile=True)
+        streamed = streamed_twin(plan)
+        steps = {"chosen": _step(model, plan), "chosen again": _step(model, plan),
                  "streamed": _step(model, streamed), "streamed again": _step(model, streamed)}
         ratios: dict[str, list[float]] = {f"{a} / {b}": [] for a, b in PAIRS}
         for _ in range(runs):
             for a, b in PAIRS:
                 rounds = time_steps({a: steps[a], b: steps[b]}, 1)
                 ratios[f"{a} / {b}"].append(paired_speedup(rounds[a], rounds[b]))
-        out[name] = {"kernels": kernels.name, "ratios": ratios}
+        out[name] = {"kernels": plan.name, "ratios": ratios}
     return {"shape": dict(shape), "runs": runs, "margin": STEP_MIN_SPEEDUP, "dtypes": out}

@@ -31,9 +31,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from minigpt.fast.timing import interleave, time_call
 from minigpt.lab.bench.peak import dtype_peak_flops, effective_peak
 from minigpt.lab.bench.reference import gpt2_like_config, logits_agree, reference_model
-from minigpt.lab.bench.timing import interleave, peak_memory_bytes, time_call
+from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.training.config import OptimConfig

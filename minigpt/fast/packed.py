@@ -15,7 +15,7 @@ calls a library kernel. `PackedLinear.weight` unpacks the matrix on access, for 
 itself.
 
 Packing is for decoding on a CPU with oneDNN (`can_pack`); whether it pays is measured, never assumed
-(generation/kernels.py). A packed model is for inference only: its matrices are buffers, not parameters.
+(products.py). A packed model is for inference only: its matrices are buffers, not parameters.
 """
 
 from __future__ import annotations

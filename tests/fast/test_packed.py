@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers (model/packed.py) against the formula in float64 and against nn.Linear."""
+"""oneDNN-packed linear layers (fast/packed.py) against the formula in float64 and against nn.Linear."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from minigpt.model.packed import PackedLinear, can_pack
+from minigpt.fast.packed import PackedLinear, can_pack
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2}  # bf16: its product rounds inputs to 8 significant bits
 

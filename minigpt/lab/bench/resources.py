@@ -1,16 +1,12 @@
-"""Timing and memory measurement: interleaved repeats, robust summaries, peak memory.
+"""What a measured call costs besides time, and what else the machine is doing while the bench runs.
 
-Two contenders timed one after the other (A A A ... B B B ...) see different machines: a
-neighbour's job, a frequency change or a warm cache favours whoever ran at that moment. Timing
-them interleaved (A B A B ...) spreads such drift over both, and ratios measured in one run are
-what the benchmark reports. Each contender gets warm-up calls first (allocator, lazy kernels,
-autotuning), then `repeats` timed calls; the summary is the median (robust to the odd stall)
-with the min and max beside it, so the spread is visible.
+(The timing itself, interleaved rounds and their summaries, is the wing's harness: minigpt/fast/timing.py.)
 
 Other processes: a busy core does more than slow the bench down. A parallel op waits at its end for every
 thread, and on a machine whose cores are all taken one of its threads may be descheduled for a whole time
-slice, so a small op can take a thousand times its time. `busy_cores` measures, while the bench sleeps, how
-many cores something else keeps busy; the report states it and warns when it is not near zero.
+slice, so a small op can take a thousand times its time. The suite measures, while the bench sleeps, how
+many cores something else keeps busy (`device/cpu_load.py`); the report states it and warns when it is not
+near zero.
 
 Peak memory: on CUDA, torch's max-allocated counter (reset before each measured call). On CPU,
 the process's resident-set high-water mark (VmHWM), reset through /proc/self/clear_refs on
@@ -24,85 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-BUSY_WARNING = 0.25  # cores kept busy by other processes above which the report warns (an idle box: ~0.01)
-
-
-def busy_ticks(stat: str) -> int:
-    """Clock ticks all cores have spent busy (neither idle nor waiting for I/O), from /proc/stat's text."""
-    fields = [int(f) for f in stat.splitlines()[0].split()[1:]]  # the `cpu ` line: every core summed
-    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
-
-
-def busy_cores(seconds: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
-    """How many cores other processes kept busy over `seconds` while this one slept (None off Linux)."""
-    try:
-        busy, start = busy_ticks(stat.read_text()), time.monotonic()
-        time.sleep(seconds)
-        busy, elapsed = busy_ticks(stat.read_text()) - busy, time.monotonic() - start
-    except (OSError, ValueError, IndexError):
-        return None
-    return busy / os.sysconf("SC_CLK_TCK") / elapsed
-
-
-@dataclass
-class Timing:
-    """Summary of repeated wall-clock measurements, in seconds."""
-
-    median: float
-    min: float
-    max: float
-    repeats: int
-
-    @classmethod
-    def from_samples(cls, samples: list[float]) -> Timing:
-        if not samples:
-            raise ValueError("no samples to summarise")
-        return cls(statistics.median(samples), min(samples), max(samples), len(samples))
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def synchronize(device: torch.device | str | None = None) -> None:
-    """Wait for queued GPU work, so the clock measures the work and not its launch."""
-    if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
-        torch.cuda.synchronize()
-
-
-def time_call(fn: Callable[[], object], device: torch.device | str | None = None) -> float:
-    """Seconds one call of `fn` takes, device work included."""
-    synchronize(device)
-    start = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - start
-
-
-def interleave(
-    contenders: dict[str, Callable[[], object]],
-    repeats: int,
-    warmup: int = 1,
-    device: torch.device | str | None = None,
-) -> dict[str, Timing]:
-    """Time every contender `repeats` times in rounds (A B C, A B C, ...) after `warmup` untimed rounds."""
-    for _ in range(warmup):
-        for fn in contenders.values():
-            fn()
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, fn in contenders.items():
-            samples[name].append(time_call(fn, device))
-    return {name: Timing.from_samples(s) for name, s in samples.items()}
-
+from minigpt.device.probe import synchronize
 
 # ---------------------------------------------------------------------------------------------- memory
 

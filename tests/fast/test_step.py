@@ -1,4 +1,4 @@
-"""The compiled decode step (generation/step.py) against the eager one: the same tokens and logits, KV-cache
+"""The compiled decode step (fast/step.py) against the eager one: the same tokens and logits, KV-cache
 writes that stay in place under compilation, and a one-line fallback where no C++ compiler is found.
 
 Inductor compiles through a C++ compiler it starts as a process, so the compiling tests are in the slow tier.
@@ -13,10 +13,9 @@ import torch
 import torch._inductor.metrics as inductor_metrics
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 
-from minigpt.generation.decoder import time_steps
-from minigpt.generation.kernels import Kernels
+from minigpt.fast.step import DecodeStep, Plan, build_step
+from minigpt.fast.whole_steps import time_steps
 from minigpt.generation.speculative import speculative_stream_tokens
-from minigpt.generation.step import DecodeStep
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.kv_cache import KVCache
@@ -64,7 +63,7 @@ def _decodes_as_eager(model, step: DecodeStep, new_tokens: int, verified_tokens:
 @pytest.mark.slow
 def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
     model = _model()
-    compiled = DecodeStep(model, compile=True)
+    compiled = DecodeStep(model, Plan(compiled=True))
     assert compiled.compiled
     # 40 tokens past the 16-token context: the cache is rebuilt on the way
     assert _decodes_as_eager(model, compiled, 40, 30).stats.reprefills > 0
@@ -72,7 +71,7 @@ def test_the_compiled_step_decodes_what_the_eager_one_does() -> None:
 
 @pytest.mark.slow
 def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weights() -> None:
-    """Frozen (kernels.frozen), the weights become constants of the compiled graph and Inductor picks each
+    """Frozen (Plan.frozen), the weights become constants of the compiled graph and Inductor picks each
     product's kernel: the tokens and logits are still the eager step's, batched and verifying several drafted
     tokens, and a second model of the same shape with other weights gets a graph of its own."""
     first, second = _model(), _model()
@@ -80,20 +79,18 @@ def test_a_frozen_step_decodes_what_the_eager_one_does_with_its_own_model_s_weig
         for p in second.parameters():
             p.mul_(-1.0)
     for model in (first, second):
-        _decodes_as_eager(model, DecodeStep(model, compile=True, kernels=Kernels(frozen=True)), 20, 12)
+        _decodes_as_eager(model, DecodeStep(model, Plan(frozen=True, compiled=True)), 20, 12)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head", ["streamed", "frozen"])
 def test_a_streamed_step_decodes_what_the_eager_one_does(head: str) -> None:
-    """The products and the one-query attention as loops Inductor generates (model/streamed.py), the head
-    streamed too or frozen (a streamed twin's, generation/decoder.py), batched and verifying drafted
-    tokens."""
+    """The products and the one-query attention as loops Inductor generates (fast/streamed.py), the head
+    streamed too or frozen (a streamed twin's, fast/whole_steps.py), batched and verifying drafted tokens."""
     model = _model()
-    kernels = Kernels("streamed", "streamed" if head == "streamed" else "out_in", attention="streamed",
-                      frozen=head == "frozen")
-    model.prepare_for_inference("streamed", decode_attention="streamed", head_layout=kernels.head_layout)
-    step = DecodeStep(model, compile=True, kernels=kernels)
+    plan = Plan("streamed", "streamed" if head == "streamed" else "out_in", attention="streamed",
+                frozen=head == "frozen", compiled=True)
+    step = build_step(model, plan)
     _decodes_as_eager(model, step, 20, 12)
     assert all(0 < t < float("inf") for t in time_steps({"streamed": step}, 2, repeats=1)["streamed"])
 
@@ -107,7 +104,7 @@ def test_two_compiled_steps_of_models_that_differ_in_an_attribute_alone_each_dec
     eager = {}
     for name, model in (("plain", plain), ("other", other)):
         eager[name] = _run(model, None, prompts, 6)
-        got = _run(model, DecodeStep(model, compile=True), prompts, 6)
+        got = _run(model, DecodeStep(model, Plan(compiled=True)), prompts, 6)
         for a, b in zip(got.logits, eager[name].logits, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
     # the logits differ, so one model running the other's graph would have shown
@@ -135,7 +132,7 @@ def _largest_generated_kernel(model: torch.nn.Module, cache: KVCache) -> int:
     inductor_metrics.reset()
     with torch.no_grad():
         model(torch.ones(1, 8, dtype=torch.long), kv_cache=cache)  # a prefill, then compiled steps
-    step = DecodeStep(model, compile=True)
+    step = DecodeStep(model, Plan(compiled=True))
     torch._logging.set_logs(inductor_metrics=True)  # makes Inductor count each kernel's bytes
     try:
         with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would not be counted
@@ -162,8 +159,8 @@ def test_compiled_steps_write_the_cache_in_place() -> None:
 
 def test_without_a_cpp_compiler_the_step_stays_eager_with_one_line(monkeypatch, caplog) -> None:
     monkeypatch.setenv("CXX", "/nonexistent/c++")
-    with caplog.at_level(logging.WARNING, logger="minigpt.generation.step"):
-        step = DecodeStep(_model(), compile=True)
+    with caplog.at_level(logging.WARNING, logger="minigpt.fast.step"):
+        step = DecodeStep(_model(), Plan(compiled=True))
     assert not step.compiled
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "C++ compiler" in lines[0] and "eagerly" in lines[0]
@@ -176,7 +173,7 @@ def test_one_compiled_graph_serves_every_cache_length(switches) -> None:
     """After the prefill and the first steps, a longer cache compiles nothing new: a graph specialised on the
     cache's length would recompile at every step (and fall back to eager at Dynamo's limit)."""
     model = _model(block=64, **switches)
-    step = DecodeStep(model, compile=True)
+    step = DecodeStep(model, Plan(compiled=True))
     cache = model.new_kv_cache(1)
     token = torch.ones(1, 1, dtype=torch.long)
     step(torch.ones(1, 8, dtype=torch.long), cache)  # the prefill's graph

@@ -1,4 +1,4 @@
-"""StreamedLinear (model/streamed.py): nn.Linear's result eagerly and compiled, computed compiled by a loop
+"""StreamedLinear (fast/streamed.py): nn.Linear's result eagerly and compiled, computed compiled by a loop
 Inductor generates (no library product), with the linear's own parameters; and the streamed one-query
 attention: the attention's formula in float64, eagerly and compiled, with no library kernel in its graph."""
 
@@ -12,7 +12,7 @@ import torch._inductor.metrics as inductor_metrics
 from torch import nn
 from torch._inductor.scheduler import ExternKernelSchedulerNode
 
-from minigpt.model.streamed import StreamedLinear, streamed_attention
+from minigpt.fast.streamed import StreamedLinear, streamed_attention
 
 
 def _linear(out_f: int, in_f: int, bias: bool, dtype: torch.dtype) -> nn.Linear:

@@ -22,7 +22,7 @@ Two details keep the generated loops pure streams:
 - The sums accumulate in float32 whatever the weights' dtype (as the library's 16-bit kernels do), and the
   result is cast back.
 
-Whether they pay is measured, never assumed (generation/kernels.py, generation/decoder.py). A StreamedLinear
+Whether they pay is measured, never assumed (attention.py, whole_steps.py). A StreamedLinear
 has the linear's values, shape and parameters (a tied embedding stays tied), and both give the library's
 results up to the order of the sums.
 """
@@ -76,7 +76,7 @@ def streamed_attention(
     dtype, with the softmax fused between them: a single pass over the cache, where a library kernel
     built for many queries (sdpa's 16-bit path above all) spends most of its time on blocking that one
     query does not need. Eagerly it materialises the (B, H, S, D) products, so it is meant for compiled
-    one-query steps only (generation/kernels.py times it there against sdpa and math)."""
+    one-query steps only (attention.py times it there against sdpa and math)."""
     B, H, T, D = q.shape
     if T != 1:
         raise ValueError(f"streamed attention takes one query per row and head, got {T}")

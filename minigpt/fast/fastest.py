@@ -1,0 +1,98 @@
+"""The wing's entry point: the fastest decode step for a model on this machine that gives the eager step's
+tokens.
+
+    fastest_step(model, rows=, compile=)    a DecodeStep (step.py) on `model` or on a prepared copy of it
+
+On the way, in this order:
+  1. a plan, measured (unless one is given, such as a choice kept from an earlier run): the products' layouts,
+     oneDNN flag and freezing for a float model (products.py), the decode attention (attention.py), compiled
+     or not as asked;
+  2. for a compiled step of a float model on a CPU, that step against its streamed twin, as whole steps
+     (whole_steps.py): both are candidates, the faster first;
+  3. the candidates held against the eager step by the numbers gate (gate.py), in that order: the first that
+     passes is handed back; one that fails is refused with one log line, and the eager step is what is left.
+Each candidate is built on a copy of the model, so the eager step is there to the end. What was measured and
+decided is kept in the step's `notes` and logged.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+
+from torch import nn
+
+from minigpt.device.runtime import compile_problem
+from minigpt.fast.attention import AttentionMeasure, choose_attention, time_attention
+from minigpt.fast.gate import first_passing
+from minigpt.fast.int8 import int8_compile_problem
+from minigpt.fast.products import ProductMeasure, choose_products, time_products
+from minigpt.fast.step import DEFAULT, DecodeStep, Plan, build_step
+from minigpt.fast.whole_steps import StepMeasure, choose_streamed, streamed_twin, time_steps
+from minigpt.model.gpt import GPT
+from minigpt.model.int8 import Int8Linear
+
+log = logging.getLogger(__name__)
+
+
+def choose_plan(model: GPT, rows: int, compile: bool, measure_products: ProductMeasure = time_products,
+                measure_attention: AttentionMeasure = time_attention) -> tuple[Plan, list[str]]:
+    """The plan for decoding `rows` rows with `model` (`compile`: the step will be compiled), and one line per
+    choice saying why. int8 matrices keep their own kernel: nothing is chosen for them, and so an int8 step is
+    never frozen (docs/decoding.md says what a frozen int8 step once computed)."""
+    plan, notes = DEFAULT, []
+    if not any(isinstance(m, Int8Linear) for m in model.modules()):
+        blocks = [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m is not model.lm_head]
+        plan, why = choose_products(model.lm_head.weight, blocks, rows, compile, measure_products)
+        notes.append(f"products {why}")
+    table = model.transformer.wte.weight  # float in every weights dtype: the activations' dtype and device
+    attention, why = choose_attention(model.config, table.dtype, table.device, rows, plan.onednn, compile,
+                                      measure_attention)
+    notes.append(f"attention {why}")
+    return replace(plan, attention=attention, compiled=compile), notes
+
+
+def _candidates(model: GPT, plan: Plan, rows: int, twin: bool, notes: list[str],
+                measure_steps: StepMeasure) -> Iterator[DecodeStep]:
+    """The steps worth trying, fastest first, each on a copy of `model` (made when it is tried): `plan`'s,
+    timed against its streamed twin's where `twin`; then, for a compiled plan, the plain compiled step."""
+    ranked = [build_step(copy.deepcopy(model), plan, rows)]
+    if twin:
+        streamed = build_step(copy.deepcopy(model), streamed_twin(plan), rows)
+        ranked, why = choose_streamed(ranked[0], streamed, rows, measure_steps)
+        notes.append(why)
+    yield from ranked
+    plain = Plan(compiled=True)
+    if plan.compiled and all(step.plan != plain for step in ranked):
+        yield build_step(copy.deepcopy(model), plain, rows)
+
+
+def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan | None = None,
+                 measure_steps: StepMeasure = time_steps) -> DecodeStep:
+    """The fastest decode step for `model` decoding `rows` rows on this machine that gives the eager step's
+    tokens, compiled if `compile` and a compiler is found; with the kernels of `plan` instead of measured ones
+    where a plan is given. `model` is put in eval mode and otherwise left as it is: the step may run on a
+    copy."""
+    model.eval()
+    device = next(model.parameters()).device
+    problem = (compile_problem(device) or int8_compile_problem(model)) if compile else None
+    if problem:
+        log.warning("compile=true: decoding eagerly, since %s", problem)
+    compile = compile and problem is None
+    notes: list[str] = []
+    twin = False
+    if plan is None:
+        plan, notes = choose_plan(model, rows, compile)
+        int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+        twin = compile and not int8 and device.type == "cpu"
+    plan = replace(plan, compiled=compile)
+    step, checked = DecodeStep(model), []
+    if plan != DEFAULT:
+        candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
+        step, checked = first_passing(model, rows, candidates)
+    step.notes = [*notes, *checked, step.name]
+    for note in step.notes:
+        log.debug("%s", note)
+    return step
