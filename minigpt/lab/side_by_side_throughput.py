@@ -16,7 +16,7 @@ import torch
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import PreparedData, prepare_dataset
 from minigpt.device.runtime import resolve_runtime
-from minigpt.lab.bench.timing import interleave
+from minigpt.fast.timing import interleave
 from minigpt.lab.config import SideBySideConfig
 from minigpt.lab.side_by_side import ReferenceRun, import_reference
 from minigpt.model.factory import build_model
