@@ -25,6 +25,7 @@ from minigpt.lab.config import (
     PEPlotsConfig,
     ScalingConfig,
     ShapeWalkConfig,
+    SideBySideConfig,
     SpeedrunConfig,
     TemperatureConfig,
     TricksReportConfig,
@@ -40,7 +41,7 @@ SCHEMAS = {
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
-    "compare_schema": CompareConfig,
+    "compare_schema": CompareConfig, "side_by_side_schema": SideBySideConfig,
     "tricks_report_schema": TricksReportConfig, "decoding_doc_schema": DecodingDocConfig,
     "update_docs_schema": UpdateDocsConfig,
 }

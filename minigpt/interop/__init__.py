@@ -11,6 +11,8 @@ Read in this order:
     hf_tokenizer.py    minigpt tokenizers <-> Hugging Face fast tokenizers (tokenizer.json)
     hf_export.py       a model -> a Hugging Face folder transformers loads with no custom code
     hf_import.py       a Hugging Face folder -> a minigpt checkpoint (scripts/import_hf.py)
+    hf_custom.py       a rotary model with technique switches as a folder with its own modeling code
+    hf_remote/         that code (configuration_minigpt.py, modeling_minigpt.py), for trust_remote_code=True
     gguf_vocab.py      a tokenizer as GGUF metadata, with llama.cpp's matching pre-tokenizer
     gguf_export.py     a model as one GGUF file (f32, f16, bf16, q8_0) for llama.cpp and Ollama
     export.py          scripts/export.py: the checkpoint read once, handed to the writer of format=hf | gguf

@@ -35,7 +35,7 @@ FAMILY_CLASS = {GPT2: "GPT2LMHeadModel", LLAMA: "LlamaForCausalLM", QWEN3: "Qwen
 def architecture_of(cfg: ModelConfig, target: str = "Hugging Face") -> str:
     """`gpt2`, `llama` or `qwen3`: the family `cfg` computes exactly; else a UserError naming the feature and
     `target` (the format being written, for the message)."""
-    _refuse_ablations(cfg, target)
+    refuse_ablations(cfg, target)
     _refuse_techniques(cfg, target)
     if cfg.norm_placement != "pre":
         raise UserError(
@@ -71,7 +71,7 @@ def architecture_of(cfg: ModelConfig, target: str = "Hugging Face") -> str:
     return family
 
 
-def _refuse_ablations(cfg: ModelConfig, target: str) -> None:
+def refuse_ablations(cfg: ModelConfig, target: str) -> None:
     """The ablation switches (model/config.py) remove a piece every real architecture has."""
     removed = [
         ("causal", cfg.causal, True, "it was trained without the causal mask"),
@@ -93,6 +93,12 @@ def _refuse_techniques(cfg: ModelConfig, target: str) -> None:
         ("smear", cfg.smear, False, "it mixes the previous token's embedding into each token's"),
         ("bigram_embed", cfg.bigram_embed, 0, "it adds a hashed (previous, current) token-pair table"),
         ("logit_softcap", cfg.logit_softcap, 0.0, "its logits are soft-capped"),
+        ("norm_gain", cfg.norm_gain, True, "its norms have no learned gain"),
+        ("embed_norm", cfg.embed_norm, False, "its token embedding is normalised"),
+        ("residual_scalars", cfg.residual_scalars, False, "its blocks read learned mixes of the stream and "
+                                                          "the embedding"),
+        ("backout", cfg.backout, False, "its head subtracts part of the middle of the stack"),
+        ("qk_scale", cfg.qk_scale, 1.0, "its normalised queries and keys are scaled"),
     ]
     for key, value, plain, what in added:
         if value != plain:

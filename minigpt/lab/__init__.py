@@ -5,6 +5,9 @@
     stats.py            a mean over seeds with its 95% interval, the paired t-test against a baseline
     runs.py             the runs of a configs x seeds sweep as rows of data, and each config's summary
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
+    side_by_side.py     scripts/side_by_side.py: another project's recipe on minigpt's bins, batches, scorer
+    side_by_side_throughput.py  how many tokens per second each arm of the side-by-side trains, interleaved
+    reference_parity.py the side-by-side's arms from the same weights: logits and each step's updates compared
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
     ablation_rows.py    what the design claims about each of its rows, written once
     ablation_report.py  its table, figures and the block of docs/ablation.md, over seeds

@@ -9,6 +9,7 @@
     AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
     ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
     CompareConfig        scripts/compare.py         configs/compare.yaml         lab/compare*.py
+    SideBySideConfig     scripts/side_by_side.py    configs/side_by_side.yaml    lab/side_by_side.py
     TricksReportConfig   scripts/tricks_report.py   configs/tricks_report.yaml   lab/tricks.py
     DecodingDocConfig    scripts/decoding_doc.py    configs/decoding_doc.yaml    lab/bench/report_decoding.py
     UpdateDocsConfig     scripts/update_docs.py     configs/update_docs.yaml     lab/generated_docs.py
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from minigpt.device.config import InferenceDeviceConfig, check_threads, check_weights_dtype
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
+from minigpt.training.config import LoggingConfig, TrainConfig, TrainerConfig
 
 
 @dataclass
@@ -213,6 +215,98 @@ class CompareConfig:
             raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
         if self.tolerance < 0:
             raise UserError(f"tolerance={self.tolerance} must be >= 0")
+
+
+SIDE_BY_SIDE_ARMS = ("reference", "minigpt")
+
+
+@dataclass
+class ReferenceRecipe:
+    """The reference recipe's model and training settings (`lab/side_by_side.py`): its training script's
+    defaults, at the default run's shape with full attention."""
+
+    n_layer: int = 4
+    n_head: int = 3
+    n_kv_head: int = 3
+    n_embd: int = 96
+    window_pattern: str = "L"  # its sliding-window pattern: L = every layer attends to the whole context
+    # its peak lrs: AdamW for the token table (the value-embedding tables at half), the head, and the scalars,
+    # which it scales by (n_embd / 768)^-0.5 itself; Muon for the blocks' matrices
+    embedding_lr: float = 0.3
+    unembedding_lr: float = 0.008
+    scalar_lr: float = 0.5
+    matrix_lr: float = 0.02
+    lr_scale: float = 1.0  # multiplies every lr above (an lr screen)
+    weight_decay: float = 0.28  # Muon's cautious weight decay at step 0; it falls to 0 on a cosine
+    warmup_steps: int = 40
+    warmdown_ratio: float = 0.65  # the lr falls linearly over this share of the run, to final_lr_frac
+    final_lr_frac: float = 0.05
+    momentum_start: float = 0.85  # Muon's momentum: start -> momentum over momentum_warmup_steps,
+    momentum: float = 0.97  # and down to momentum_end over the warmdown
+    momentum_warmup_steps: int = 400
+    momentum_end: float = 0.90
+    steps: int | None = None  # null: the minigpt arm's trainer.max_steps (equal tokens); other: equal time
+    compile_optimizer: bool = False  # its fused optimizer steps are torch.compile'd; false: run them eagerly
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_kv_head", "n_embd", "momentum_warmup_steps"):
+            if getattr(self, name) < 1:
+                raise UserError(f"reference.{name}={getattr(self, name)} must be at least 1")
+        for name in ("embedding_lr", "unembedding_lr", "scalar_lr", "matrix_lr", "lr_scale"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"reference.{name}={getattr(self, name)} must be positive")
+        if self.steps is not None and self.steps < 1:
+            raise UserError(f"reference.steps={self.steps} must be at least 1 (or null: the minigpt arm's)")
+
+
+def whole_split_arm() -> TrainConfig:
+    """train.yaml's run, evaluated once at the end on the whole val split and not sampled (the side-by-side's
+    minigpt arm, as configs/side_by_side.yaml sets it)."""
+    return TrainConfig(trainer=TrainerConfig(eval_every=100000, eval_tokens="all", ckpt_every=100000),
+                       logging=LoggingConfig(sample_tokens=0, progress_bar=False))
+
+
+@dataclass
+class SideBySideConfig:
+    """Root of `configs/side_by_side.yaml` (`scripts/side_by_side.py`): the reference recipe and minigpt on
+    the same bins, batches, budget and scorer (`lab/side_by_side.py`)."""
+
+    reference_path: str | None = None  # a checkout of the reference project (its nanochat/ package inside)
+    reference: ReferenceRecipe = field(default_factory=ReferenceRecipe)
+    # the minigpt arm, train.yaml's tree; its data, tokenizer, batch, block size and max_steps are both arms'
+    minigpt: TrainConfig = field(default_factory=lambda: whole_split_arm())
+    seeds: list[int] = field(default_factory=lambda: [1337, 1338, 1339])
+    arms: list[str] = field(default_factory=lambda: list(SIDE_BY_SIDE_ARMS))  # which arms to train
+    throughput: bool = False  # train nothing: time the arms' steps, interleaved, at each of `threads`
+    # train nothing: the arms from the same weights, their logits and this many steps' updates compared
+    # (lab/reference_parity.py), on the first seed's batches
+    parity_steps: int = 0
+    threads: list[int] = field(default_factory=lambda: [1, 2])
+    timed_steps: int = 20  # throughput: training steps per timed call
+    repeats: int = 5  # throughput: timed calls per arm and thread count
+    doc: str | None = None  # also write the table into this page, between its side_by_side:<name> markers
+    name: str = "equal_tokens"  # the block of `doc` (and of docs/side_by_side.json beside it) to write
+
+    def __post_init__(self) -> None:
+        if self.parity_steps < 0:
+            raise UserError(f"parity_steps={self.parity_steps} must be >= 0 (0: no parity check)")
+        if not self.seeds:
+            raise UserError("seeds=[] trains nothing: give at least one seed, e.g. seeds=[1337]")
+        unknown = sorted(set(self.arms) - set(SIDE_BY_SIDE_ARMS))
+        if unknown or not self.arms:
+            raise UserError(f"arms={self.arms} must name some of: {', '.join(SIDE_BY_SIDE_ARMS)}")
+        if self.minigpt.trainer.max_steps is None:
+            raise UserError("minigpt.trainer.max_steps=null: the side-by-side trains both arms for a number "
+                            "of steps (the budget of tokens both see)")
+        if self.minigpt.trainer.eval_tokens != "all":
+            raise UserError(f"minigpt.trainer.eval_tokens={self.minigpt.trainer.eval_tokens}: the arms are "
+                            "compared on the whole val split (all)")
+        for name in ("timed_steps", "repeats"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name}={getattr(self, name)} must be at least 1")
+        if not self.threads or any(t < 1 for t in self.threads):
+            raise UserError(f"threads={self.threads} must be a list of thread counts of at least 1")
+
 
 @dataclass
 class TricksReportConfig:

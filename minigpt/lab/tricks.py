@@ -87,9 +87,10 @@ def collect(root: Path, controls: dict[str, str] | None = None) -> dict:
     return {"arms": {a: arms[a] for a in order}, "step_ratios": {}}
 
 
-def markers(round_name: str) -> tuple[str, str]:
-    """The two lines a round's table sits between in the page."""
-    return f"<!-- tricks:{round_name}:begin -->", f"<!-- tricks:{round_name}:end -->"
+def markers(round_name: str, kind: str = "tricks") -> tuple[str, str]:
+    """The two lines a round's table sits between in the page (`kind`: tricks, or side_by_side for the
+    side-by-side's tables, lab/side_by_side.py)."""
+    return f"<!-- {kind}:{round_name}:begin -->", f"<!-- {kind}:{round_name}:end -->"
 
 
 def metric(doc: dict, name: str) -> str:
@@ -146,18 +147,18 @@ def render_block(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def replace_block(text: str, round_name: str, block: str) -> str:
+def replace_block(text: str, round_name: str, block: str, kind: str = "tricks") -> str:
     """`text` with the part between round `round_name`'s markers replaced by `block`."""
-    begin, end = markers(round_name)
+    begin, end = markers(round_name, kind)
     pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
     if not pattern.search(text):
         raise UserError(f"no {begin} ... {end} markers in the page to update")
     return pattern.sub(lambda _: f"{begin}\n{block}\n{end}", text)
 
 
-def page_block(text: str, round_name: str) -> str:
+def page_block(text: str, round_name: str, kind: str = "tricks") -> str:
     """The text between round `round_name`'s markers (what `replace_block` wrote)."""
-    begin, end = markers(round_name)
+    begin, end = markers(round_name, kind)
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 

@@ -20,7 +20,9 @@ Read in this order, the order a batch of token ids flows through the network:
     online_softmax.py   the `online` backend: a softmax computed while streaming over key blocks
     ffn.py              the position-wise feed-forward network
     previous_token.py   two cheap ways to show each token its predecessor (technique switches)
+    residual_scalars.py learned scalars on the stream, the embedding's return and the backout (switches)
     block.py            one block: attention then FFN, each in a residual connection and a norm
+    init.py             how every weight starts (model.init: gpt2 | fan_in)
     kv_cache.py         the key/value cache that lets decoding feed one token per step
     chunked_loss.py     cross-entropy fused with the output projection, a chunk of rows at a time
     gpt.py              the whole model: token ids in, logits (and the loss) out

@@ -23,14 +23,16 @@ GPT.forward decides when that happens (training mode only).
 
 Two technique switches change what enters the scores and the weighted sum, before any backend (and
 before the KV cache, which therefore stores the changed keys and values):
-- `model.qk_norm`: q and k are RMS-normalised per head (each with a learned gain per channel), so a
-  score is a cosine similarity times the gains' product and can no longer grow without bound with the
-  weights' scale. RoPE rotates pairs of channels, which keeps their norm, so normalising before it is the
-  same as after it.
+- `model.qk_norm`: q and k are RMS-normalised per head (each with a learned gain per channel, none with
+  `model.norm_gain=false`) and multiplied by `model.qk_scale`, so a score is a cosine similarity times the
+  gains' product and can no longer grow without bound with the weights' scale. RoPE rotates pairs of
+  channels, which keeps their norm, so normalising before it is the same as after it.
 - `model.value_embeds`: each layer's values get a token-indexed vector added, v += g · e[token], where e
   is the layer's own table (GPT owns the tables and passes the rows in as `value_embed`) and
-  g = 2·sigmoid(x W_g) is one gate per key/value head, read from the block's input. W_g starts at zero, so
-  g starts at 1. The table gives every layer direct access to the token's identity.
+  g = m·sigmoid(x W_g) is one gate per key/value head, read from the block's input (its first
+  `model.ve_gate_channels` channels; m = `model.ve_gate_max`, 2 by default, so that g = 1 at W_g = 0).
+  The table gives every layer direct access to the token's identity. With `model.value_embed_every=k`
+  only every k-th layer has a table (and a gate), counted back from the last.
 """
 
 from __future__ import annotations
@@ -124,10 +126,13 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.qk_norm = config.qk_norm
         if self.qk_norm:
-            self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
-            self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps)
-        if config.value_embeds:
-            self.ve_gate = nn.Linear(config.n_embd, self.n_kv_head, bias=False)  # zeroed by GPT.init_weights
+            self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps, elementwise_affine=config.norm_gain)
+            self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps, elementwise_affine=config.norm_gain)
+            self.qk_scale = config.qk_scale
+        if config.has_value_embed(layer_idx):
+            self.ve_gate_channels = config.ve_gate_channels or config.n_embd
+            self.ve_gate_max = config.ve_gate_max
+            self.ve_gate = nn.Linear(self.ve_gate_channels, self.n_kv_head, bias=False)  # init.py draws it
         self.attn_drop = nn.Dropout(config.attn_dropout)  # on the probabilities; p = 0 by default
         self.backend = config.attention
         # a decode step's attention, when one is handed in (any function computing the same); None: `backend`
@@ -160,10 +165,13 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         v = v.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         if value_embed is not None:
-            gate = 2 * torch.sigmoid(self.ve_gate(x)).transpose(1, 2).unsqueeze(-1)  # (B, H_kv, T, 1)
+            gate = self.ve_gate(x[..., :self.ve_gate_channels])  # (B, T, H_kv)
+            gate = self.ve_gate_max * torch.sigmoid(gate).transpose(1, 2).unsqueeze(-1)  # (B, H_kv, T, 1)
             v = v + gate * value_embed.view(B, T, H_kv, D).transpose(1, 2)  # (B, H_kv, T, D)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)  # (B, H, T, D), (B, H_kv, T, D): unit RMS per head
+            if self.qk_scale != 1.0:
+                q, k = q * self.qk_scale, k * self.qk_scale
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         if kv_cache is not None:

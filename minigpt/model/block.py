@@ -34,10 +34,10 @@ class Block(nn.Module):
         super().__init__()
         self.pre_norm = config.norm_placement == "pre"
         self.residual = config.residual
-        self.ln_1 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
+        self.ln_1 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias, config.norm_gain)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.dropout_1 = nn.Dropout(config.dropout)
-        self.ln_2 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias)
+        self.ln_2 = build_norm(config.norm, config.n_embd, config.norm_eps, config.bias, config.norm_gain)
         self.mlp = MLP(config)
         self.dropout_2 = nn.Dropout(config.dropout)
 

@@ -9,8 +9,10 @@ ablation`); `ablation_warnings` says in words what a model built with them gave 
 
 Beside them stand the *technique switches*: pieces that record-setting small-GPT training runs add (QK-norm,
 ReLU², zero-initialised projections, value embeddings, the previous-token smear, a hashed bigram embedding,
-logit soft-capping). Each is off by default until measurements show it wins at this codebase's scale
-(docs/tricks.md has the table), and each keeps the cached and uncached decoders in agreement.
+logit soft-capping, norms without a learned gain, a norm right after the embedding, per-layer scalars on the
+residual stream and on the embedding, the backout). Each is off by default until measurements show it wins at
+this codebase's scale (docs/tricks.md has the table), and each keeps the cached and uncached decoders in
+agreement.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_BACKENDS = ("math", "sdpa", "online")
 ATTN_SCALES = ("sqrt", "none")  # scores = q·kᵀ/√D | q·kᵀ (an ablation)
 DEFAULT_ROPE_BASE = 10000.0
+INITS = ("gpt2", "fan_in")  # model/init.py
 
 
 @dataclass
@@ -58,6 +61,7 @@ class ModelConfig:
     bias: bool = False
     tie_weights: bool = False
     rope_base: float = DEFAULT_ROPE_BASE
+    init: str = "gpt2"  # how the weights start (model/init.py): gpt2 (N(0, 0.02²)) | fan_in (1/√fan_in)
     # ablation switches: the defaults keep each piece; see the module docstring and ablation_warnings
     causal: bool = True  # false: no causal mask in training mode (eval and sampling stay causal)
     attn_scale: str = "sqrt"  # none: raw q·kᵀ scores, no 1/√D
@@ -67,9 +71,18 @@ class ModelConfig:
     qk_norm: bool = False  # RMS-normalise every head's queries and keys (learned gains) before the scores
     zero_init_proj: bool = False  # W_O and the FFN down projection start at zero: blocks start as identity
     value_embeds: bool = False  # each layer adds a token-indexed table to its values, through a learned gate
+    value_embed_every: int = 1  # value_embeds on every k-th layer counted back from the last; 2: alternating
     smear: bool = False  # mix the previous token's embedding into each token's, through a learned gate
     bigram_embed: int = 0  # rows of a hashed (previous, current) token-pair table added to the embeddings
     logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
+    norm_gain: bool = True  # false: the residual stream's norms only normalise (no learned gain, nor bias)
+    embed_norm: bool = False  # a norm right after the token embedding (model/residual_scalars.py)
+    residual_scalars: bool = False  # block i reads a_i x + b_i x0 (x0: the embedding), a_i and b_i learned
+    backout: bool = False  # the head reads x - c x_mid, x_mid the stream after the middle block, c learned
+    qk_scale: float = 1.0  # qk_norm: q and k times this after their norm (scores times its square)
+    ve_gate_max: float = 2.0  # value_embeds: the gate is ve_gate_max · sigmoid(...), in (0, ve_gate_max)
+    ve_gate_channels: int = 0  # value_embeds: the gate reads the block input's first channels; 0: all
+    smear_gate_channels: int = 0  # smear: the gate reads the embedding's first channels; 0: all
 
     def __post_init__(self) -> None:
         self.validate()
@@ -82,6 +95,11 @@ class ModelConfig:
     def reads_previous_token(self) -> bool:
         """Whether a token's embedding also reads the token before it (smear, the bigram table)."""
         return self.smear or bool(self.bigram_embed)
+
+    def has_value_embed(self, layer: int) -> bool:
+        """Whether layer `layer` adds a value-embedding table: every `value_embed_every`-th layer counted back
+        from the last, which always has one."""
+        return self.value_embeds and (self.n_layer - 1 - layer) % self.value_embed_every == 0
 
     @property
     def head_dim(self) -> int:
@@ -98,6 +116,10 @@ class ModelConfig:
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("attention", self.attention, ATTENTION_BACKENDS)
         _check_choice("attn_scale", self.attn_scale, ATTN_SCALES)
+        _check_choice("init", self.init, INITS)
+        if self.init == "fan_in" and self.tie_weights:
+            raise UserError("model.init=fan_in starts the token table at std 1 and the head at 0.001; one "
+                            "tied matrix cannot be both (set model.tie_weights=false, or model.init=gpt2)")
         if self.n_embd % self.n_head:
             lo = self.n_embd - self.n_embd % self.n_head
             raise UserError(
@@ -131,6 +153,15 @@ class ModelConfig:
             raise UserError(f"model.norm_eps={self.norm_eps} must be positive")
         if self.bigram_embed < 0:
             raise UserError(f"model.bigram_embed={self.bigram_embed} must be >= 0 (table rows; 0: off)")
+        if self.value_embed_every < 1:
+            raise UserError(f"model.value_embed_every={self.value_embed_every} must be at least 1 (1: every "
+                            "layer, 2: alternating layers)")
+        for name in ("ve_gate_channels", "smear_gate_channels"):
+            if not 0 <= getattr(self, name) <= self.n_embd:
+                raise UserError(f"model.{name}={getattr(self, name)} must be in [0, model.n_embd] (0: all)")
+        for name in ("qk_scale", "ve_gate_max"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"model.{name}={getattr(self, name)} must be positive")
         if self.logit_softcap < 0:
             raise UserError(f"model.logit_softcap={self.logit_softcap} must be >= 0 (0: off; e.g. 15 or 30)")
         self._validate_ablations()

@@ -3,9 +3,11 @@
     idx (B, T) -> wte (+ wpe) -> dropout -> L blocks -> ln_f -> lm_head -> logits (B, T, V)
                                                                         -> cross-entropy with targets
 
-With the technique switches (model/config.py) the embedding may also get the previous token's embedding
-(`smear`) and a hashed bigram row (`bigram_embed`) (previous_token.py), every layer a value-embedding table
-(`value_embeds`, transformer.ve.{i}, used in attention.py), and the logits a soft cap (`logit_softcap`).
+With the technique switches (model/config.py) the embedding may be normalised (`embed_norm`, ln_e) and get
+the previous token's embedding (`smear`) and a hashed bigram row (`bigram_embed`) (previous_token.py),
+layers a value-embedding table (`value_embeds`, transformer.ve.{i}, used in attention.py), the blocks
+learned scalars on their input and the head a backout (`residual_scalars`, `backout`: residual_scalars.py),
+and the logits a soft cap (`logit_softcap`).
 
 Parameter names follow GPT-2 (transformer.wte / wpe / h.{i}.ln_1, attn.c_attn, attn.c_proj, ln_2,
 mlp.c_fc, mlp.c_proj / ln_f, lm_head), so importing GPT-2 weights is a name-by-name copy (the
@@ -29,12 +31,12 @@ from minigpt.model.embedding import (
     LearnedPositionalEncoding,
     SinusoidalPositionalEncoding,
 )
+from minigpt.model.init import init_weights
 from minigpt.model.kv_cache import KVCache
 from minigpt.model.norm import build_norm
 from minigpt.model.previous_token import BigramEmbedding, Smear, previous_tokens
+from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.model.rope import RotaryEmbedding
-
-INIT_STD = 0.02  # GPT-2's init: small enough that the initial logits are nearly uniform
 
 
 class GPT(nn.Module):
@@ -56,21 +58,28 @@ class GPT(nn.Module):
         elif config.pos_encoding == "rope":  # nothing is added to the embedding; the blocks rotate q and k
             self.transformer["rope"] = RotaryEmbedding(config.head_dim, config.block_size, config.rope_base)
         # pos_encoding=none (an ablation): no position anywhere
+        norm = (config.norm, C, config.norm_eps, config.bias, config.norm_gain)  # build_norm's arguments
+        if config.embed_norm:
+            self.transformer["ln_e"] = build_norm(*norm)
         if config.smear:
-            self.transformer["smear"] = Smear(C)
+            self.transformer["smear"] = Smear(C, config.smear_gate_channels)
         if config.bigram_embed:
             self.transformer["bigram"] = BigramEmbedding(config.bigram_embed, C)
         if config.value_embeds:
             kv_width = config.kv_heads * config.head_dim
-            self.transformer["ve"] = nn.ModuleList(nn.Embedding(config.vocab_size, kv_width)
-                                                   for _ in range(config.n_layer))
+            self.transformer["ve"] = nn.ModuleDict({str(i): nn.Embedding(config.vocab_size, kv_width)
+                                                    for i in range(config.n_layer)
+                                                    if config.has_value_embed(i)})
         self.transformer["drop"] = nn.Dropout(config.dropout)
         self.transformer["h"] = nn.ModuleList(Block(config, i) for i in range(config.n_layer))
+        if config.residual_scalars or config.backout:
+            self.transformer["scalars"] = ResidualScalars(config.n_layer, config.residual_scalars,
+                                                          config.backout)
         # Post-norm blocks already end in a norm, so a final one would normalise a normalised
         # stream; pre-norm blocks leave the residual stream raw, and ln_f normalises it for the head
         # (unless the ablation model.final_norm=false removes it).
         if config.norm_placement == "pre" and config.final_norm:
-            self.transformer["ln_f"] = build_norm(config.norm, C, config.norm_eps, config.bias)
+            self.transformer["ln_f"] = build_norm(*norm)
         else:
             self.transformer["ln_f"] = nn.Identity()
         self.lm_head = nn.Linear(C, config.vocab_size, bias=False)
@@ -84,18 +93,8 @@ class GPT(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
 
     def init_weights(self) -> None:
-        """GPT-2's initialisation, applied to every weight of the model, and the technique switches' zeros."""
-        for name, p in self.named_parameters():
-            if name.endswith("bias") or _starts_at_zero(self.config, name):
-                nn.init.zeros_(p)  # biases start neutral; the technique switches: see _starts_at_zero
-            elif p.dim() == 1:
-                nn.init.ones_(p)  # norm scales start at identity
-            elif name.endswith("c_proj.weight"):
-                # W_O and the FFN down projection each add to the residual stream, 2·L additions in
-                # all; scaling their std by 1/√(2L) keeps the stream's variance from growing with depth
-                nn.init.normal_(p, mean=0.0, std=INIT_STD / math.sqrt(2 * self.config.n_layer))
-            else:
-                nn.init.normal_(p, mean=0.0, std=INIT_STD)
+        """Draw every weight as model.init says (init.py)."""
+        init_weights(self, self.config)
 
     def forward(
         self,
@@ -161,12 +160,21 @@ class GPT(nn.Module):
         elif "rope" in self.transformer:
             rope = self.transformer.rope(positions)  # (cos, sin), shared by all layers
         x = self.transformer.drop(x)
-        ve = self.transformer.ve if "ve" in self.transformer else [None] * len(self.transformer.h)
-        for block, table in zip(self.transformer.h, ve, strict=True):
+        ve = dict(self.transformer.ve.items()) if "ve" in self.transformer else {}  # layer -> its table
+        scalars = self.transformer.scalars if "scalars" in self.transformer else None
+        x0, x_mid = x, None  # the embedding, which residual_scalars mixes back in; the stream after mid_layer
+        for i, block in enumerate(self.transformer.h):
+            if scalars is not None:
+                x = scalars.block_input(i, x, x0)  # (B, T, C)
+            table = ve.get(str(i))
             x = block(x, rope=rope, mask=mask, is_causal=is_causal, kv_cache=kv_cache,
                       value_embed=None if table is None else table(idx))  # (B, T, C)
+            if scalars is not None and i == scalars.mid_layer:
+                x_mid = x
         if kv_cache is not None:
             kv_cache.advance(T)
+        if scalars is not None:
+            x = scalars.head_input(x, x_mid)  # (B, T, C)
         x = self.transformer.ln_f(x)
         cap = self.config.logit_softcap
         if not return_logits:
@@ -186,17 +194,22 @@ class GPT(nn.Module):
         """idx (B, T) -> (B, T, C): the token embedding, with the previous-token switches (previous_token.py).
         first_prev: (B,) the token before idx[:, 0], or None; positions: (T,) or (B, T), 0 (or clamped
         padding) where a token has no previous one."""
-        x = self.transformer.wte(idx)  # (B, T, C)
+        x = self.token_rows(idx)  # (B, T, C)
         if not self.config.reads_previous_token:
             return x
         prev = previous_tokens(idx, first_prev, positions > 0)  # (B, T), -1 where there is none
         if "smear" in self.transformer:
             known = (prev >= 0).unsqueeze(-1).to(x.dtype)  # (B, T, 1)
-            x_prev = self.transformer.wte(prev.clamp(min=0)) * known  # (B, T, C), zero where there is none
+            x_prev = self.token_rows(prev.clamp(min=0)) * known  # (B, T, C), zero where there is none
             x = self.transformer.smear(x, x_prev)
         if "bigram" in self.transformer:
             x = x + self.transformer.bigram(prev, idx)  # (B, T, C)
         return x
+
+    def token_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> (B, T, C): the rows of `wte`, normalised with model.embed_norm (ln_e)."""
+        x = self.transformer.wte(idx)  # (B, T, C)
+        return self.transformer.ln_e(x) if "ln_e" in self.transformer else x
 
     def use_decode_attention(self, attend: OneQueryAttention | None) -> None:
         """Let every layer's decode step (one new query per row on a KV cache) attend with `attend`, a
@@ -252,16 +265,3 @@ class GPT(nn.Module):
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,
         )
-
-
-def _starts_at_zero(cfg: ModelConfig, name: str) -> bool:
-    """Whether a technique switch starts parameter `name` at zero, so that the model starts as the model
-    without the switch and learns how much of it to use: the smear's strength, the bigram table, the value
-    embeddings' gates (2·sigmoid(0) = a gate of 1), and with model.zero_init_proj every W_O and FFN down
-    projection (each block then starts as the identity; the zeroed matrix gets its gradient through its
-    input, which is not zero, and the matrices before it once it has moved)."""
-    if name in ("transformer.smear.lam", "transformer.bigram.table.weight"):
-        return True
-    if name.endswith("ve_gate.weight"):
-        return True
-    return cfg.zero_init_proj and name.endswith("c_proj.weight")

@@ -15,6 +15,10 @@ ablation, per channel over the batch.
 torch provides all three (nn.LayerNorm, nn.RMSNorm, nn.BatchNorm1d), so minigpt uses them rather than
 re-deriving them; the tests check the defining properties (zero mean / unit variance, unit RMS, the batch
 statistics and the running averages) independently.
+
+Without a gain (`model.norm_gain=false`) a norm only normalises: y = x / sqrt(mean(x^2) + eps), no
+parameters. The layer after it (a linear map) can scale its input however it likes, so the gain adds little
+but another vector for the optimizer to move.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ class BatchNorm(nn.BatchNorm1d):
         return super().forward(x.transpose(1, 2)).transpose(1, 2)  # BatchNorm1d wants (B, C, T)
 
 
-def build_norm(kind: str, n_embd: int, eps: float, bias: bool) -> nn.Module:
-    """A norm over the last dimension; `bias` applies to LayerNorm and BatchNorm (RMSNorm has none)."""
+def build_norm(kind: str, n_embd: int, eps: float, bias: bool, gain: bool = True) -> nn.Module:
+    """A norm over the last dimension; `bias` applies to LayerNorm and BatchNorm (RMSNorm has none); without
+    `gain` (LayerNorm and RMSNorm) it has no parameters at all."""
     if kind == "layernorm":
-        return nn.LayerNorm(n_embd, eps=eps, bias=bias)
+        return nn.LayerNorm(n_embd, eps=eps, bias=bias, elementwise_affine=gain)
     if kind == "rmsnorm":
-        return nn.RMSNorm(n_embd, eps=eps)
+        return nn.RMSNorm(n_embd, eps=eps, elementwise_affine=gain)
     if kind == "batchnorm":
         return BatchNorm(n_embd, eps=eps, bias=bias)  # running averages with torch's momentum 0.1
     raise ValueError(f"unknown norm {kind!r}")  # unreachable: ModelConfig.validate checks the name

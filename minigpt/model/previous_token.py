@@ -5,8 +5,8 @@ attention has learned to look one position back. Both switches here hand it that
 token embedding, before any block:
 
 - `model.smear` ("smear"): x_t <- x_t + λ · sigmoid(w · x_t) · x_{t-1}. A learned scalar gate per token,
-  read from the token itself, mixes in the previous token's embedding. λ starts at 0, so the model starts
-  without it and learns how much to use.
+  read from the token itself (its first `model.smear_gate_channels` channels; 0: all), mixes in the
+  previous token's embedding. λ starts at 0, so the model starts without it and learns how much to use.
 - `model.bigram_embed=N` (a hashed bigram embedding): x_t <- x_t + E[h(token_{t-1}, token_t)], a table of N
   rows indexed by a hash of the token pair. V² pairs share N rows; the frequent pairs, which are what the
   loss rewards, rarely share theirs. E starts at zero.
@@ -42,15 +42,17 @@ def previous_tokens(idx: torch.Tensor, first: torch.Tensor | None,
 class Smear(nn.Module):
     """x (B, T, C), x_prev (B, T, C) (zeros where there is no previous token) -> (B, T, C).
 
-    Parameters: gate (C -> 1, no bias), lam (a scalar, 0 at init)."""
+    Parameters: gate (`channels` of C -> 1, no bias), lam (a scalar, 0 at init)."""
 
-    def __init__(self, n_embd: int) -> None:
+    def __init__(self, n_embd: int, channels: int = 0) -> None:
         super().__init__()
-        self.gate = nn.Linear(n_embd, 1, bias=False)
+        self.channels = channels or n_embd  # the gate reads x's first `channels` channels
+        self.gate = nn.Linear(self.channels, 1, bias=False)
         self.lam = nn.Parameter(torch.zeros(()))
 
     def forward(self, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
-        return x + self.lam * torch.sigmoid(self.gate(x)) * x_prev  # (B, T, 1) gate broadcasts over C
+        gate = torch.sigmoid(self.gate(x[..., :self.channels]))  # (B, T, 1), broadcasts over C
+        return x + self.lam * gate * x_prev
 
 
 class BigramEmbedding(nn.Module):

@@ -21,7 +21,12 @@ from minigpt.training.budget import parse_duration
 STRATEGIES = ("ddp", "fsdp")  # see cluster/distributed.py
 NONFINITE_POLICIES = ("stop", "skip")
 SCHEDULES = ("cosine", "wsd")  # see training/optim.py
+WEIGHT_DECAY_SCHEDULES = ("constant", "cosine")  # see training/optim.py
 OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
+ORTHOGONALIZERS = ("newton_schulz", "polar_express")  # training/muon.py
+# AdamW's parameter groups that optim.groups may give settings of their own (training/optim.py param_groups)
+ADAM_GROUPS = ("tables", "value_tables", "head", "scalars", "resid", "x0", "gates", "matrices", "other")
+GROUP_SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay")
 
 
 @dataclass
@@ -51,14 +56,38 @@ class OptimConfig:
     # with tied weights the head too), same schedule; null: optim.lr (training/optim.py param_groups). A
     # table's row moves only when its token occurs, so the tables take an lr far above the rest's
     embed_lr: float | None = 0.05
+    embed_beta2: float | None = None  # the tables' AdamW beta2; null: optim.beta2 (a rare row's memory)
+    head_lr: float | None = None  # AdamW's peak lr for the output head (untied); null: optim.lr
+    scalar_lr: float | None = None  # AdamW's peak lr for the residual scalars (residual_scalars, backout)
     muon_lr: float = 0.01  # optim.name=muon: peak lr of the matrices (spectral norm per step), same schedule
     muon_momentum: float = 0.95
     muon_ns_steps: int = 5  # Newton-Schulz iterations per orthogonalisation
+    # each neuron's share of Muon's update evened out by a running mean of its squares with this decay
+    # (NorMuon, training/muon.py normalize_neurons); null: off
+    muon_beta2: float | None = None
+    # Muon's momentum over the run (training/optim.py muon_momentum): from muon_momentum_start up to
+    # muon_momentum over the first muon_momentum_warmup_steps steps, and down to muon_momentum_end over the
+    # last cooldown_ratio of the budget; null / 0: muon_momentum throughout
+    muon_momentum_start: float | None = None
+    muon_momentum_warmup_steps: int = 0
+    muon_momentum_end: float | None = None
+    # constant | cosine: every decayed group's weight decay falls from weight_decay to 0 over the budget
+    weight_decay_schedule: str = "constant"
+    # Muon's matrices decay only the entries that its update already moves towards zero
+    cautious_weight_decay: bool = False
+    # the matrices' orthogonalisation (training/muon.py): newton_schulz (a fixed quintic, 5 steps) |
+    # polar_express (rows equalised first, a quintic of its own per step, the result at the exact norm)
+    muon_orthogonalize: str = "newton_schulz"
+    muon_split_qkv: bool = False  # the attention's fused q/k/v matrix orthogonalised as three matrices
+    # AdamW groups of their own, each with its own settings: {group: {lr, beta1, beta2, eps, weight_decay}}
+    # (training/optim.py GROUPS); a weight_decay given here is constant, not optim.weight_decay's schedule
+    groups: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
-    def embed_lr_scale(self) -> float | None:
-        """embed_lr over lr (the embedding group's `lr_scale`), or None when the tables train at lr."""
-        return None if self.embed_lr is None else self.embed_lr / self.lr
+    def lr_scales(self) -> dict[str, float | None]:
+        """The groups with an lr of their own (`param_groups`), each lr over optim.lr; None: at optim.lr."""
+        own = {"tables": self.embed_lr, "head": self.head_lr, "scalars": self.scalar_lr}
+        return {name: None if value is None else value / self.lr for name, value in own.items()}
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -66,12 +95,47 @@ class OptimConfig:
         for name in ("lr", "muon_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"optim.{name}={getattr(self, name)} must be positive")
-        if self.embed_lr is not None and self.embed_lr <= 0:
-            raise UserError(f"optim.embed_lr={self.embed_lr} must be positive (or null: optim.lr)")
+        for name in ("embed_lr", "head_lr", "scalar_lr"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise UserError(f"optim.{name}={getattr(self, name)} must be positive (or null: optim.lr)")
+        for name, null in (("embed_beta2", "optim.beta2"), ("muon_beta2", "off")):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise UserError(f"optim.{name}={value} must be in [0, 1) (or null: {null})")
+        if self.muon_orthogonalize not in ORTHOGONALIZERS:
+            raise UserError(f"optim.muon_orthogonalize={self.muon_orthogonalize!r} is not one of: "
+                            f"{', '.join(ORTHOGONALIZERS)}")
+        for group, settings in self.groups.items():
+            if group not in ADAM_GROUPS:
+                raise UserError(f"optim.groups.{group} is not a parameter group (one of: "
+                                f"{', '.join(ADAM_GROUPS)})")
+            for key, value in settings.items():
+                if key not in GROUP_SETTINGS:
+                    raise UserError(f"optim.groups.{group}.{key} is not a group setting (one of: "
+                                    f"{', '.join(GROUP_SETTINGS)})")
+                low = 0.0 if key in ("beta1", "beta2", "weight_decay") else math.nextafter(0.0, 1.0)
+                high = 1.0 if key in ("beta1", "beta2") else math.inf
+                if not low <= value < high:
+                    allowed = "[0, 1)" if high == 1.0 else ">= 0" if low == 0 else "> 0"
+                    raise UserError(f"optim.groups.{group}.{key}={value} must be {allowed}")
         if not 0.0 <= self.muon_momentum < 1.0:
             raise UserError(f"optim.muon_momentum={self.muon_momentum} must be in [0, 1)")
         if self.muon_ns_steps < 1:
             raise UserError(f"optim.muon_ns_steps={self.muon_ns_steps} must be at least 1 (5 is usual)")
+        for name in ("muon_momentum_start", "muon_momentum_end"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value < 1.0:
+                raise UserError(f"optim.{name}={value} must be in [0, 1) (or null: optim.muon_momentum)")
+        if self.muon_momentum_warmup_steps < 0:
+            raise UserError(f"optim.muon_momentum_warmup_steps={self.muon_momentum_warmup_steps} must be "
+                            ">= 0")
+        if (self.muon_momentum_start is None) != (self.muon_momentum_warmup_steps == 0):
+            raise UserError("optim.muon_momentum_start and optim.muon_momentum_warmup_steps go together: the "
+                            f"momentum of step 0 and the steps it takes to reach optim.muon_momentum (got "
+                            f"{self.muon_momentum_start} and {self.muon_momentum_warmup_steps})")
+        if self.weight_decay_schedule not in WEIGHT_DECAY_SCHEDULES:
+            raise UserError(f"optim.weight_decay_schedule={self.weight_decay_schedule!r} is not one of: "
+                            f"{', '.join(WEIGHT_DECAY_SCHEDULES)}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise UserError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
         if self.weight_decay < 0:

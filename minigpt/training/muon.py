@@ -8,9 +8,15 @@ large ones that dominate a raw gradient. One step of a matrix W (out x in):
     M   <- μ M + (1 - μ) G                      (momentum, as a running average)
     N   =  G + μ (M - G)                        (Nesterov: look ahead along the momentum)
     O   ≈  U Vᵀ of N                            (`orthogonalize`, five Newton-Schulz iterations)
-    W   <- (1 - lr · λ) W - lr · sqrt(max(1, out / in)) · O
+    O   <- O ⊘ sqrt(V) · ||O|| / ||O ⊘ sqrt(V)||    (with optim.muon_beta2: `normalize_neurons`)
+    W   <- (1 - lr · λ) W - lr · f · O,   f = sqrt(max(1, out / in))
+           (cautious weight decay: W <- W - lr · f · (λ W ⊙ [O W ≥ 0] + O), λ only on the entries where O and
+           W have the same sign, those the update already moves towards zero, and at the update's lr f · lr)
 
-The factor sqrt(max(1, out/in)) gives tall matrices (more outputs than inputs, e.g. the FFN's up
+With optim.muon_orthogonalize=polar_express, O is `polar_express`'s instead; with optim.muon_split_qkv the
+attention's fused q/k/v matrix is three matrices here (its row blocks, each with its own O, V and f).
+
+The factor f gives tall matrices (more outputs than inputs, e.g. the FFN's up
 projection) the same per-entry step size as square ones. U Vᵀ would need an SVD; the iteration
 
     X <- a X + (b A + c A²) X,   A = X Xᵀ,   (a, b, c) = (3.4445, -4.7750, 2.0315)
@@ -45,6 +51,15 @@ from minigpt.cluster.whole_matrices import on_owners
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.: the largest slope at 0 that still converges
 NS_EPS = 1e-7  # keeps a zero gradient (a parameter that got none) from dividing by zero
+# Polar Express (Amsel et al., 2025): one (a, b, c) per step, each the best odd quintic for the singular
+# values the steps before it leave, for five steps
+POLAR_EXPRESS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
@@ -66,6 +81,40 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return (x.t() if tall else x).to(g.dtype)
 
 
+def polar_express(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+    """(m, n) -> (m, n): U Vᵀ of g = U S Vᵀ, nearer than `orthogonalize` gets, in float32. Three changes:
+    the rows are first scaled to a common norm (the mean row's, keeping ||g||): a few long rows would
+    otherwise own the top singular values; each of the (at most five) steps has its own quintic
+    (`POLAR_EXPRESS`), which lands the singular values near 1 rather than around it; and the result is
+    scaled to the Frobenius norm of an exact U Vᵀ, sqrt(min(m, n))."""
+    x = g.float()
+    rows = x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # (m, 1)
+    x = x * (x.norm() / math.sqrt(x.shape[0]) / rows)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.t()  # (n, m), n < m
+    x = x / (x.norm() * 1.01 + 1e-6)  # every singular value below 1, with a margin
+    for a, b, c in POLAR_EXPRESS[:steps]:
+        gram = x @ x.t()  # (r, r), r = min(m, n)
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    x = x * (math.sqrt(min(x.shape)) / x.norm().clamp_min(1e-6))
+    return (x.t() if tall else x).to(g.dtype)
+
+
+def normalize_neurons(update: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
+    """(m, n) orthogonalised update -> (m, n): each neuron's share evened out, the whole keeping its norm.
+
+    The orthogonal factor gives every direction the same size, but not every neuron (a row of a tall or
+    square matrix, a column of a wide one): some rows of U Vᵀ are much longer than others. V, a running
+    mean (decay beta2) of each neuron's mean square, (m, 1) or (1, n) and updated in place, divides them out,
+    and the result is scaled back to the norm it had, so only the shares change (NorMuon).
+    """
+    dim = -1 if update.shape[0] >= update.shape[1] else -2  # average over the shorter side
+    second_moment.lerp_(update.float().square().mean(dim=dim, keepdim=True), 1 - beta2)
+    scaled = update / second_moment.sqrt().clamp_min(NS_EPS)
+    return (scaled * (update.norm() / scaled.norm().clamp_min(NS_EPS))).to(update.dtype)
+
+
 def newton_schulz_flops(shape: tuple[int, int]) -> int:
     """FLOPs of one Newton-Schulz iteration on an (m, n) matrix: with r = min(m, n), k = max(m, n),
     X Xᵀ (2 r² k), its square (2 r³) and the product with X (2 r² k), as `orthogonalize` computes them."""
@@ -76,18 +125,21 @@ def newton_schulz_flops(shape: tuple[int, int]) -> int:
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others.
 
-    Muon groups take lr, weight_decay, momentum, ns_steps; AdamW groups take lr, weight_decay,
-    betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's: `momentum_buffer` for a
-    Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW parameter, so checkpoints save and restore it
-    like any optimizer's.
+    Muon groups take lr, weight_decay, cautious, momentum, ns_steps, beta2 (None: no `normalize_neurons`),
+    orthogonalize (`orthogonalize` or `polar_express`, by name) and splits (None, or the row counts of the
+    blocks each matrix is orthogonalised in, e.g. a fused q/k/v matrix's three); AdamW groups take lr,
+    weight_decay, betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's:
+    `momentum_buffer` (and `second_moment`) for a Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW
+    parameter, so checkpoints save and restore it like any optimizer's.
 
     `over_ranks` (DDP or FSDP2) shares the orthogonalisations out, each matrix to one rank (`on_owners`);
-    False in one process, where every matrix is orthogonalised here.
+    False in one process, where every matrix is orthogonalised here. Over ranks the matrices are plain ones
+    (Newton-Schulz, no beta2, no splits, plain decay: `build_muon` refuses the rest).
     """
 
     def __init__(self, groups: list[dict], over_ranks: bool = False) -> None:
-        defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, momentum=0.95, ns_steps=5, betas=(0.9, 0.95),
-                        eps=1e-8)
+        defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, cautious=False, momentum=0.95, ns_steps=5,
+                        beta2=None, orthogonalize="newton_schulz", splits=None, betas=(0.9, 0.95), eps=1e-8)
         super().__init__(groups, defaults)
         self.over_ranks = over_ranks
         for group in self.param_groups:
@@ -123,15 +175,39 @@ class MuonAdamW(torch.optim.Optimizer):
             m.lerp_(grad, 1 - mu)  # M <- μ M + (1 - μ) G
             nesterovs.append(grad.lerp(m, mu))  # G + μ (M - G)
         steps = group["ns_steps"]
-        if self.over_ranks:
+        if self.over_ranks:  # plain matrices only (build_muon)
             costs = [steps * newton_schulz_flops((p.shape[0], p.shape[1])) for p in params]
             updates = on_owners(partial(orthogonalize, steps=steps), params, nesterovs, costs)
-        else:
-            updates = [orthogonalize(nesterov, steps) for nesterov in nesterovs]
-        for p, update in zip(params, updates, strict=True):
-            w = local_tensor(p)
-            w.mul_(1 - lr * group["weight_decay"])
-            w.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+            for p, update in zip(params, updates, strict=True):
+                w = local_tensor(p)
+                w.mul_(1 - lr * group["weight_decay"])
+                w.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+            return
+        for p, nesterov in zip(params, nesterovs, strict=True):
+            updates, factors = [], []
+            for i, block in enumerate(nesterov.split(group["splits"] or [p.shape[0]])):  # row blocks
+                factor = math.sqrt(max(1.0, block.shape[0] / block.shape[1]))  # tall blocks: larger entries
+                updates.append(self._block_update(block, self.state[p], i, group) * factor)
+                factors.append(torch.full((block.shape[0], 1), factor, device=p.device, dtype=p.dtype))
+            update = torch.cat(updates)  # (m, n)
+            if group["cautious"]:  # decay only where the update already moves the entry towards 0, at its lr
+                p.sub_(p * torch.cat(factors) * (update * p >= 0), alpha=lr * group["weight_decay"])
+            else:
+                p.mul_(1 - lr * group["weight_decay"])
+            p.add_(update, alpha=-lr)
+
+    def _block_update(self, block: torch.Tensor, state: dict, i: int, group: dict) -> torch.Tensor:
+        """(r, n) rows of the Nesterov momentum -> (r, n): orthogonalised, with `normalize_neurons` where
+        beta2 is set (a running second moment per block: `second_moment`, or `second_moment.i` when split)."""
+        orth = polar_express if group["orthogonalize"] == "polar_express" else orthogonalize
+        update = orth(block, group["ns_steps"])
+        if group["beta2"] is not None:
+            key = "second_moment" if not group["splits"] else f"second_moment.{i}"
+            if key not in state:
+                long_side = (block.shape[0], 1) if block.shape[0] >= block.shape[1] else (1, block.shape[1])
+                state[key] = torch.zeros(long_side, device=block.device)
+            update = normalize_neurons(update, state[key], group["beta2"])
+        return update
 
     def _adamw_step(self, group: dict, params: list[torch.Tensor]) -> None:
         device = params[0].device

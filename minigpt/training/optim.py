@@ -17,6 +17,9 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from minigpt.cluster.whole_matrices import communication_bytes
+from minigpt.errors import UserError
+from minigpt.model.attention import CausalSelfAttention
+from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW
@@ -24,10 +27,16 @@ from minigpt.training.muon import MuonAdamW
 log = logging.getLogger(__name__)
 
 
-def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | None = None) -> list[dict]:
-    """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and with
-    `embed_lr_scale` the embedding tables into a third, undecayed group of their own at that multiple of
-    optim.lr (optim.embed_lr). Each group's `lr_scale` is its lr over optim.lr (`LRSchedule.apply`).
+def param_groups(model: nn.Module, weight_decay: float, lr_scales: dict[str, float | None] | None = None,
+                 own_groups: tuple[str, ...] = ()) -> list[dict]:
+    """Split parameters into a decayed group (matrices) and an undecayed one (everything else), and into
+    groups of their own at a multiple of optim.lr where `lr_scales` (`OptimConfig.lr_scales`) gives one:
+    `tables` (the embedding tables, undecayed; optim.embed_lr), `head` (the untied output head, decayed;
+    optim.head_lr), `scalars` (the residual scalars of model/residual_scalars.py, undecayed; optim.scalar_lr).
+    `own_groups` (the names optim.groups sets) carves finer groups out of those: `value_tables` (the
+    value-embedding tables, out of `tables`), `resid` and `x0` (the scalars a_i and b_i) and `gates` (the
+    smear's gate and strength, the backout). Each group has a `name`, its `lr_scale` (its lr over optim.lr,
+    `LRSchedule.apply`) and whether it is `decayed`.
 
     Weight decay pulls weights towards zero, which regularises the linear maps. It is wrong for norm gains
     (pulling them to zero shrinks the signal, not the model's capacity) and pointless for biases. Embeddings
@@ -40,26 +49,53 @@ def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | 
     step is about lr whatever the gradient's size; so the tables may want a far higher lr than the matrices
     that every token trains (record-setting small-GPT runs give them tens of times the head's).
     """
-    decay, no_decay, tables = [], [], []
-    seen: set[int] = set()
+    scales = {"tables": None, "head": None, "scalars": None, **(lr_scales or {})}
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    head = getattr(model, "lm_head", None)
+    named = dict(model.named_parameters())
+    scalars = [m for m in model.modules() if isinstance(m, ResidualScalars)]
+    ids = {name: {id(p) for key, p in named.items() if test(key)} for name, test in FINE_GROUPS.items()}
+    own = {**{name: ids[name] for name in FINE_GROUPS if name in own_groups},
+           "tables": embeddings, "head": {id(head.weight)} - embeddings if head is not None else set(),
+           "scalars": {id(p) for m in scalars for p in m.parameters()}}
+    own = {name: ids for name, ids in own.items() if name in own_groups or scales.get(name) is not None}
+    found: dict[str, list[nn.Parameter]] = {name: [] for name in ("matrices", "other", *own)}
+    seen: set[int] = set()
     for _, p in model.named_parameters():
         if not p.requires_grad or id(p) in seen:
             continue
         seen.add(id(p))
-        if p.dim() >= 2 and id(p) not in embeddings:
-            decay.append(p)
-        elif id(p) in embeddings and embed_lr_scale is not None:
-            tables.append(p)
-        else:
-            no_decay.append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "lr_scale": 1.0},
-        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
-    ]
-    if embed_lr_scale is not None:
-        groups.append({"params": tables, "weight_decay": 0.0, "lr_scale": embed_lr_scale})
-    return groups
+        name = next((g for g, ids in own.items() if id(p) in ids), None)
+        found[name or ("matrices" if p.dim() >= 2 and id(p) not in embeddings else "other")].append(p)
+    decayed = {"matrices": True, "head": True}
+    return [{"name": name, "params": params, "weight_decay": weight_decay if decayed.get(name) else 0.0,
+             "lr_scale": scales.get(name) or 1.0, "decayed": decayed.get(name, False)}
+            for name, params in found.items()]
+
+
+# The finer AdamW groups optim.groups may carve out (`param_groups`), by parameter name.
+FINE_GROUPS = {
+    "value_tables": lambda name: name.startswith("transformer.ve."),
+    "resid": lambda name: name == "transformer.scalars.resid",
+    "x0": lambda name: name == "transformer.scalars.x0",
+    "gates": lambda name: name in ("transformer.smear.gate.weight", "transformer.smear.lam",
+                                   "transformer.scalars.backout"),
+}
+
+
+def adam_settings(group: dict, cfg: OptimConfig) -> dict:
+    """AdamW's settings for `group`: optim.beta1, optim.beta2 (the tables: optim.embed_beta2 where set) and
+    optim.eps, and whatever optim.groups gives the group (its lr, and a weight decay that stays constant)."""
+    own = cfg.groups.get(group["name"], {})
+    tables = group["name"] in ("tables", "value_tables") and cfg.embed_beta2 is not None
+    beta2 = cfg.embed_beta2 if tables else cfg.beta2
+    settings = {"betas": (own.get("beta1", cfg.beta1), own.get("beta2", beta2)),
+                "eps": own.get("eps", cfg.eps), "lr": cfg.lr * group["lr_scale"]}
+    if "lr" in own:
+        settings.update(lr=own["lr"], lr_scale=own["lr"] / cfg.lr)
+    if "weight_decay" in own:
+        settings.update(weight_decay=own["weight_decay"], decayed=False)
+    return settings
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu", world_size: int = 1
@@ -70,8 +106,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu"
     each rank updates what it holds; Muon's is not, and shares its work out over the ranks."""
     if cfg.name == "muon":
         return build_muon(model, cfg, world_size)
-    groups = [{**g, "lr": cfg.lr * g["lr_scale"]}
-              for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
+    groups = [{**g, **adam_settings(g, cfg)}
+              for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_decay = sum(p.numel() for p in groups[0]["params"])
     n_other = sum(p.numel() for g in groups[1:] for p in g["params"])
     log.info("AdamW: %d decayed parameters, %d not decayed (norms, biases, embeddings)", n_decay, n_other)
@@ -100,24 +136,45 @@ def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonA
     matrices = muon_matrices(model)
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
-                   for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
+                   for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_muon = sum(p.numel() for p in matrices)
     n_adam = sum(p.numel() for g in adam_groups for p in g["params"])
     log.info("Muon: %d parameters in %d matrices; AdamW: %d (embeddings, head, norms, gates)",
              n_muon, len(matrices), n_adam)
-    muon = {"params": matrices, "muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
-            "weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
-    adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
-            for g in adam_groups if g["params"]]
+    muon = {"muon": True, "lr": cfg.muon_lr, "lr_scale": cfg.muon_lr / cfg.lr,
+            "weight_decay": cfg.weight_decay, "decayed": True, "cautious": cfg.cautious_weight_decay,
+            "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps, "beta2": cfg.muon_beta2,
+            "orthogonalize": cfg.muon_orthogonalize}
+    splits = qkv_splits(model) if cfg.muon_split_qkv else {}
+    fused = [p for p in matrices if id(p) in splits]
+    muon_groups = [{**muon, "params": [p for p in matrices if id(p) not in splits]}]
+    for rows in {splits[id(p)] for p in fused}:  # one group per split (every layer's is the same)
+        same = [p for p in fused if splits[id(p)] == rows]
+        muon_groups.append({**muon, "params": same, "splits": list(rows)})
+    groups = [g for g in muon_groups if g["params"]] + [{**g, **adam_settings(g, cfg)}
+                                                        for g in adam_groups if g["params"]]
     if world_size == 1 or not matrices:
-        return MuonAdamW([muon, *adam])
+        return MuonAdamW(groups)
+    recipe = {"muon_beta2": cfg.muon_beta2 is not None, "muon_split_qkv": cfg.muon_split_qkv,
+              "cautious_weight_decay": cfg.cautious_weight_decay,
+              "muon_orthogonalize": cfg.muon_orthogonalize != "newton_schulz"}
+    for key, on in recipe.items():
+        if on:
+            raise UserError(f"optim.{key}={getattr(cfg, key)} runs in one process only for now (Muon over "
+                            f"ranks orthogonalises plain matrices): train with one process, or set it back")
     sharded = any(isinstance(p, DTensor) for p in matrices)
     sent = communication_bytes([(p.shape[0], p.shape[1]) for p in matrices], world_size, sharded,
                                matrices[0].element_size())
     route = "its FSDP2 rows gathered there and scattered back" if sharded else "then broadcast"
     log.info("Muon over %d ranks: each matrix orthogonalised by one of them (%s), %s bytes per step",
              world_size, route, f"{sent:,}")
-    return MuonAdamW([muon, *adam], over_ranks=True)
+    return MuonAdamW(groups, over_ranks=True)
+
+
+def qkv_splits(model: nn.Module) -> dict[int, tuple[int, int, int]]:
+    """id of each attention's fused q/k/v matrix -> its rows of queries, keys and values."""
+    return {id(m.c_attn.weight): (m.n_head * m.head_dim, m.n_kv_head * m.head_dim, m.n_kv_head * m.head_dim)
+            for m in model.modules() if isinstance(m, CausalSelfAttention)}
 
 
 def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,
@@ -148,6 +205,35 @@ def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: st
     return warm * (min_lr_ratio + (1.0 - min_lr_ratio) * decay)
 
 
+def muon_momentum(step: int, progress: float, cfg: OptimConfig) -> float:
+    """Muon's momentum for optimizer step `step` (0-based) with `progress` of the budget used:
+
+        warmup    start + (peak - start) * step / W            step < W = muon_momentum_warmup_steps
+        cooldown  peak + (end - peak) * (p - (1 - c)) / c      p > 1 - c, c = cooldown_ratio
+        else      peak = muon_momentum                          (start, end: muon_momentum_start, _end)
+
+    A shorter average at first follows the fast-changing early gradients; at the end it follows the decaying
+    lr's small steps more closely. The warmup wins where the two would overlap (runs under W / (1 - c)).
+    """
+    peak = cfg.muon_momentum
+    if cfg.muon_momentum_start is not None and step < cfg.muon_momentum_warmup_steps:
+        start = cfg.muon_momentum_start
+        return start + (peak - start) * step / cfg.muon_momentum_warmup_steps
+    c, p = cfg.cooldown_ratio, min(max(progress, 0.0), 1.0)
+    if cfg.muon_momentum_end is not None and c > 0 and p > 1.0 - c:
+        return peak + (cfg.muon_momentum_end - peak) * (p - (1.0 - c)) / c
+    return peak
+
+
+def weight_decay_multiplier(progress: float, schedule: str) -> float:
+    """The factor on optim.weight_decay with `progress` of the budget used: 1 (constant), or
+    (1 + cos(pi p)) / 2 (cosine): the pull towards zero fades as the lr does, so that the last steps are not
+    spent shrinking weights."""
+    if schedule == "constant":
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(max(progress, 0.0), 1.0)))
+
+
 class LRSchedule:
     """`lr_multiplier` for one run's budget; `apply` sets the lr on the optimizer before each step.
 
@@ -175,8 +261,17 @@ class LRSchedule:
 
     def apply(self, optimizer: torch.optim.Optimizer, step: int, seconds: float, tokens: int) -> float:
         """Set step `step`'s lr on every parameter group and return it. A group's `lr_scale` (1 if it has
-        none; Muon's matrices have their own peak, `build_muon`) multiplies it."""
+        none; Muon's matrices have their own peak, `build_muon`) multiplies it. Muon's momentum
+        (`muon_momentum`) and the decayed groups' weight decay (`weight_decay_multiplier`) follow the same
+        progress through the budget."""
+        c = self.cfg
+        progress = self.progress(step, seconds, tokens)
         lr = self.lr(step, seconds, tokens)
+        decay = c.weight_decay * weight_decay_multiplier(progress, c.weight_decay_schedule)
         for group in optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
+            if group.get("muon"):
+                group["momentum"] = muon_momentum(step, progress, c)
+            if group.get("decayed"):
+                group["weight_decay"] = decay
         return lr

@@ -13,7 +13,7 @@ from model_helpers import VOCAB, shrunk_model, tiny_config
 
 from minigpt.model.attention import CausalSelfAttention
 from minigpt.model.factory import build_model
-from minigpt.model.gpt import INIT_STD
+from minigpt.model.init import INIT_STD
 from minigpt.model.online_softmax import online_softmax
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams

@@ -32,6 +32,14 @@ SWITCHES = {
     "smear": {"smear": True},
     "bigram_embed": {"bigram_embed": 37},
     "logit_softcap": {"logit_softcap": 2.0},
+    "value_embed_every": {"value_embeds": True, "value_embed_every": 2, "n_layer": 3},
+    "norm_gain": {"norm_gain": False},
+    "embed_norm": {"embed_norm": True},
+    "residual_scalars": {"residual_scalars": True, "n_layer": 3},
+    "backout": {"backout": True, "n_layer": 3},
+    "qk_scale": {"qk_scale": 1.2, "qk_norm": True},
+    "gate_shapes": {"value_embeds": True, "smear": True, "ve_gate_max": 3.0, "ve_gate_channels": 12,
+                    "smear_gate_channels": 24},
 }
 ALL_ON = {k: v for overrides in SWITCHES.values() for k, v in overrides.items()}
 
@@ -59,12 +67,18 @@ def test_every_switch_is_off_by_default():
     cfg = ModelConfig()
     assert (cfg.qk_norm, cfg.zero_init_proj, cfg.value_embeds, cfg.smear, cfg.bigram_embed,
             cfg.logit_softcap, cfg.activation) == (False, False, False, False, 0, 0.0, "swiglu")
+    assert (cfg.value_embed_every, cfg.norm_gain, cfg.embed_norm, cfg.residual_scalars, cfg.backout) == (
+        1, True, False, False, False)
+    assert (cfg.qk_scale, cfg.ve_gate_max, cfg.ve_gate_channels, cfg.smear_gate_channels) == (1.0, 2.0, 0, 0)
 
 
 @pytest.mark.parametrize("overrides, message", [
     ({"bigram_embed": -1}, "model.bigram_embed=-1 must be >= 0"),
     ({"logit_softcap": -3.0}, "model.logit_softcap=-3.0 must be >= 0"),
     ({"activation": "relu3"}, "model.activation='relu3' is not one of: relu, relu2,"),
+    ({"value_embed_every": 0}, "model.value_embed_every=0 must be at least 1"),
+    ({"ve_gate_channels": 129}, "model.ve_gate_channels=129 must be in [0, model.n_embd]"),
+    ({"qk_scale": 0.0}, "model.qk_scale=0.0 must be positive"),
 ])
 def test_bad_values_are_one_line_user_errors_naming_the_key(overrides, message):
     with pytest.raises(UserError) as err:
@@ -82,8 +96,9 @@ def test_relu2_is_relu_squared():
 
 
 @pytest.mark.parametrize("n_kv_head", [None, 2])
-def test_qk_norm_is_explicit_rms_normalisation_of_each_head(n_kv_head):
-    cfg = shrunk_config("modern", qk_norm=True, n_kv_head=n_kv_head)
+@pytest.mark.parametrize("scale, gain", [(1.0, True), (1.2, False)])
+def test_qk_norm_is_explicit_rms_normalisation_of_each_head(n_kv_head, scale, gain):
+    cfg = shrunk_config("modern", qk_norm=True, n_kv_head=n_kv_head, qk_scale=scale, norm_gain=gain)
     torch.manual_seed(0)
     attn = _randomise(CausalSelfAttention(cfg, 0), 1)
     x = torch.randn(2, 7, cfg.n_embd)
@@ -95,21 +110,25 @@ def test_qk_norm_is_explicit_rms_normalisation_of_each_head(n_kv_head):
     def rms(t, gain):  # written out: t / sqrt(mean(t²) + eps) * gain, over each head's D channels
         return t / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + cfg.norm_eps) * gain
 
-    q, k = rms(q, attn.q_norm.weight), rms(k, attn.k_norm.weight)
+    q_gain, k_gain = (attn.q_norm.weight, attn.k_norm.weight) if gain else (1.0, 1.0)
+    q, k = rms(q, q_gain) * scale, rms(k, k_gain) * scale
     y, _ = math_attention(apply_rope(q, *rope), apply_rope(k, *rope), v, None, True)
     want = attn.c_proj(y.transpose(1, 2).reshape(2, 7, cfg.n_embd))
     torch.testing.assert_close(attn(x, rope=rope), want, atol=1e-5, rtol=1e-5)
 
 
-def test_value_embeds_add_the_gated_table_row_to_the_values():
-    cfg = shrunk_config("modern", value_embeds=True, n_kv_head=2)
+@pytest.mark.parametrize("gate_max, channels", [(2.0, 0), (3.0, 12)])
+def test_value_embeds_add_the_gated_table_row_to_the_values(gate_max, channels):
+    cfg = shrunk_config("modern", value_embeds=True, n_kv_head=2, ve_gate_max=gate_max,
+                        ve_gate_channels=channels)
     torch.manual_seed(0)
     attn = _randomise(CausalSelfAttention(cfg, 0), 2)
     x = torch.randn(2, 6, cfg.n_embd)
     ve = torch.randn(2, 6, cfg.kv_heads * cfg.head_dim)
     H, H_kv, D = cfg.n_head, cfg.kv_heads, cfg.head_dim
     q, k, v = attn.c_attn(x).split([H * D, H_kv * D, H_kv * D], dim=2)
-    gate = 2 * torch.sigmoid(x @ attn.ve_gate.weight.T)  # (B, T, H_kv)
+    read = x[..., :channels] if channels else x  # the gate reads the first `channels` channels (0: all)
+    gate = gate_max * torch.sigmoid(read @ attn.ve_gate.weight.T)  # (B, T, H_kv)
     v = v.view(2, 6, H_kv, D) + gate.unsqueeze(-1) * ve.view(2, 6, H_kv, D)
     q, k, v = (t.reshape(2, 6, -1, D).transpose(1, 2) for t in (q, k, v))
     y, _ = math_attention(q, k, v, None, True)
@@ -120,17 +139,18 @@ def test_value_embeds_add_the_gated_table_row_to_the_values():
 def test_value_embeds_have_one_table_per_layer_and_their_gates_start_at_one():
     model = build_model(shrunk_config("modern", value_embeds=True))
     assert len(model.transformer.ve) == model.config.n_layer
-    assert model.transformer.ve[0].weight.shape == (VOCAB, model.config.kv_heads * model.config.head_dim)
+    assert model.transformer.ve["0"].weight.shape == (VOCAB, model.config.kv_heads * model.config.head_dim)
     for block in model.transformer.h:
         assert (block.attn.ve_gate.weight == 0).all()  # 2·sigmoid(0) = 1
 
 
-def test_smear_adds_the_gated_previous_embedding_and_leaves_position_0_alone():
-    model = _model(smear=True)
+@pytest.mark.parametrize("channels", [0, 24])
+def test_smear_adds_the_gated_previous_embedding_and_leaves_position_0_alone(channels):
+    model = _model(smear=True, smear_gate_channels=channels)
     idx = _tokens(T=9)
     x = model.transformer.wte(idx)  # (B, T, C)
     smear = model.transformer.smear
-    gate = torch.sigmoid(x @ smear.gate.weight.T)  # (B, T, 1)
+    gate = torch.sigmoid((x[..., :channels] if channels else x) @ smear.gate.weight.T)  # (B, T, 1)
     want = x.clone()
     want[:, 1:] = x[:, 1:] + smear.lam * gate[:, 1:] * x[:, :-1]
     got = model.embed_tokens(idx, None, torch.arange(9))
@@ -238,7 +258,7 @@ def test_the_embedding_tables_are_not_counted_as_compute():
     tables = build_model(shrunk_config("modern", value_embeds=True, bigram_embed=37))
     gates = sum(b.attn.ve_gate.weight.numel() for b in tables.transformer.h)
     assert tables.num_params(non_embedding=True) == plain.num_params(non_embedding=True) + gates
-    extra = sum(t.weight.numel() for t in tables.transformer.ve) + 37 * plain.config.n_embd
+    extra = sum(t.weight.numel() for t in tables.transformer.ve.values()) + 37 * plain.config.n_embd
     assert tables.num_params(non_embedding=False) == plain.num_params(non_embedding=False) + gates + extra
 
 

@@ -65,7 +65,7 @@ def _yaml_values(path) -> dict:
 
 def _value(cfg: TrainConfig, dotted: str):
     for part in dotted.split("."):
-        cfg = getattr(cfg, part)
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)  # a dict field: optim.groups
     return cfg
 
 
