@@ -81,7 +81,7 @@ speedrun: install ## SPEEDRUN configs x SEEDS seeds (3) at equal FLOPs, then the
 # The ablation lab: every file of configs/experiment/ablation/ (a test checks the list). The order here is
 # the order of the table.
 ABLATIONS := baseline no_causal_mask no_attn_scale integer_positions no_positions no_residual no_final_norm post_norm \
-	qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap muon embed_lr batch_warmup seq_len_warmup
+	batchnorm one_head dropout qk_norm relu2 zero_init_proj value_embeds smear bigram_embed logit_softcap muon embed_lr batch_warmup seq_len_warmup
 ABLATION_DIR ?= outputs/ablation/$(STAMP)
 
 ablation: install ## the baseline and each ablation x SEEDS seeds (3) at equal FLOPs, then the report; UPDATE_DOCS=1: also docs/ablation.md

@@ -13,6 +13,7 @@ and a command that fails leaves no empty run folder behind (Hydra creates it bef
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import sys
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.errors import HydraException, OverrideParseException
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from minigpt import signals
@@ -168,9 +170,19 @@ _made: list[Path] = []  # the folders Hydra is about to create for this command'
 
 
 class RunFolderCallback(Callback):
-    """Hydra calls `on_run_start` just before it creates the run folder (`hydra.run.dir`, with any missing
-    parents): note which of them do not exist yet, so that a command that fails can take them away again
-    (`reports_user_errors`). Listed in every primary config's defaults as `hydra/callbacks: run_folder`."""
+    """Keeps a command that fails from leaving a run folder behind. Listed in every primary config that makes
+    a run folder, as `hydra/callbacks: run_folder`.
+
+    Hydra makes the run folder (`hydra.run.dir`, with any missing parents) and writes `.hydra/` into it (the
+    composed config, Hydra's own, the overrides) before the job starts. `on_run_start` notes which folders do
+    not exist yet, so that a command that fails can take them away again (`reports_user_errors`), and takes
+    over the writing of `.hydra/`: `on_job_end` writes the same three files once the job has succeeded, so a
+    refused command leaves an existing folder as it was, too. (scripts/train.py, whose config sets
+    `hydra.output_subdir: null`, writes them itself once the run has passed its checks.)
+    """
+
+    def __init__(self) -> None:
+        self._subdir: str | None = None  # where Hydra would have written .hydra/, in the run folder
 
     def on_run_start(self, config: DictConfig, **kwargs: object) -> None:
         folder, missing = Path(str(config.hydra.run.dir)).absolute(), []
@@ -178,12 +190,32 @@ class RunFolderCallback(Callback):
             missing.append(folder)
             folder = folder.parent
         _made[:] = missing
+        self._subdir = config.hydra.output_subdir
+        with read_write(config.hydra):
+            config.hydra.output_subdir = None  # run_job writes nothing before the job
+
+    def on_job_end(self, config: DictConfig, job_return: JobReturn, **kwargs: object) -> None:
+        if self._subdir is None or job_return.status != JobStatus.COMPLETED:
+            return
+        hydra_cfg = copy.deepcopy(job_return.hydra_cfg)
+        with read_write(hydra_cfg.hydra):
+            hydra_cfg.hydra.output_subdir = self._subdir  # as it would have read
+        folder = Path(config.hydra.runtime.output_dir) / self._subdir
+        folder.mkdir(parents=True, exist_ok=True)
+        files = {"config.yaml": job_return.cfg, "hydra.yaml": hydra_cfg,
+                 "overrides.yaml": job_return.overrides}
+        for name, content in files.items():
+            (folder / name).write_text(OmegaConf.to_yaml(content), encoding="utf-8")
 
 
 def _remove_made_folders() -> None:
-    """Remove the folders Hydra made for this run, innermost first, as long as they are empty."""
+    """Remove the folders Hydra made for this run, innermost first, as long as they are empty but for the
+    log the job opened (a log of a command that was refused goes with its folder)."""
     for folder in _made:
         try:
+            for log in folder.glob("*.log") if folder == _made[0] else ():
+                if {p.name for p in folder.iterdir()} == {log.name}:
+                    log.unlink()
             folder.rmdir()
         except OSError:  # something was written into it after all, or it is gone already
             break

@@ -19,12 +19,15 @@ from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
     AblationReportConfig,
     BenchConfig,
+    DecodingDocConfig,
     LossCurvesConfig,
     PEPlotsConfig,
     ScalingConfig,
     ShapeWalkConfig,
     SpeedrunConfig,
     TemperatureConfig,
+    TricksReportConfig,
+    UpdateDocsConfig,
 )
 from minigpt.training.config import TrainConfig
 
@@ -36,6 +39,8 @@ SCHEMAS = {
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
+    "tricks_report_schema": TricksReportConfig, "decoding_doc_schema": DecodingDocConfig,
+    "update_docs_schema": UpdateDocsConfig,
 }
 
 

@@ -34,16 +34,17 @@ def exit_with_error(message: str) -> NoReturn:
     sys.exit(USER_ERROR_EXIT_CODE)
 
 
-def unwritable_path_message(e: OSError) -> str:
-    """One line for a folder or file that cannot be created or written: the path, the cause, its fix."""
+def unwritable_path_message(e: OSError, elsewhere: str = "hydra.run.dir=... or data.cache_dir=...") -> str:
+    """One line for a folder or file that cannot be created or written: the path, the cause, its fix.
+    `elsewhere`: the keys that choose another place (a training's run folder and cache by default)."""
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        fix = "free some space there, or write elsewhere: hydra.run.dir=... or data.cache_dir=..."
+        fix = f"free some space there, or write elsewhere: {elsewhere}"
     elif e.errno == errno.EFBIG:
-        fix = "over a file size limit: raise `ulimit -f`, or write elsewhere: hydra.run.dir=..."
+        fix = f"over a file size limit: raise `ulimit -f`, or write elsewhere: {elsewhere}"
     elif e.errno == errno.ENOENT:
         fix = "was a folder deleted or moved while the command ran?"
     else:  # read-only disk, no permission, a file in the way
-        fix = "choose a writable folder: hydra.run.dir=... or data.cache_dir=..."
+        fix = f"choose a writable folder: {elsewhere}"
     path = "" if e.filename is None else os.fsdecode(e.filename)  # some libraries give bytes
     return f"cannot write {path}: {e.strerror or e} ({fix})"
 

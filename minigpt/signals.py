@@ -8,7 +8,7 @@ a half-built cache folder stays on disk and up to `trainer.ckpt_every` steps of 
 
 Two modes, one per kind of work:
 
-    install_policy()    every command, at start-up (`minigpt.cli.run_cli`, `training.launch`): a stop signal
+    install_policy()    every command, at start-up (`minigpt.cli.run_cli`, `cluster.launch`): a stop signal
                         raises `Interrupted` (a KeyboardInterrupt) where the program is, so every `finally`
                         and `with` on the way out runs: temporaries are removed, nothing half-written is
                         published. The script ends with one line, `interrupted by SIGTERM ...`, exit 128+N.
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -98,6 +99,33 @@ def ignored() -> Iterator[None]:
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def quiet_forked_helpers() -> Iterator[None]:
+    """Inside, a process forked from this one (a worker of a pool that a library starts, where `ignored`
+    cannot wrap the start) ignores SIGINT and dies of the other stop signals without a word: Ctrl-C reaches
+    the whole process group, and the parent alone reports it, in one line, as it takes its pool down (a
+    pool's `terminate` sends SIGTERM)."""
+    global _quiet_forks
+    _quiet_forks += 1
+    try:
+        yield
+    finally:
+        _quiet_forks -= 1
+
+
+_quiet_forks = 0  # how many `quiet_forked_helpers` blocks are open
+
+
+def _quiet_the_forked_child() -> None:
+    if _quiet_forks:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in STOP_SIGNALS[1:]:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_quiet_the_forked_child)
 
 
 def ignore_until_exit() -> None:

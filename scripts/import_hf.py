@@ -26,7 +26,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../configs", config_name="import_hf")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
-    from minigpt.interop.hf_checkpoint import import_hf
+    from minigpt.interop.hf_import import import_hf
 
     config = to_object(cfg, ImportHFConfig)
     source, out = config.paths()

@@ -8,7 +8,7 @@ signal then goes on to submitit, which requeues the job: docs/faults.md).
 
 Under `torchrun` (one machine or several), `srun` or a multi-task job of `hydra/launcher=submitit_slurm`, only
 global rank 0 goes through Hydra; the other ranks train rank 0's config in rank 0's run folder
-(minigpt/training/launch.py).
+(minigpt/cluster/launch.py, `train_along`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,29 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from minigpt.cli import hydra_output_files, reports_user_errors, run_cli, to_object
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.launch import Job, Launch, rank0_task, this_process
 from minigpt.config import register_configs
 from minigpt.errors import exit_with_error
 from minigpt.signals import signal_name
 from minigpt.training.config import TrainConfig
-from minigpt.training.launch import Launch, rank0_task, this_process
 
 register_configs()
 
 
+def train_along(job: Job, env: DistEnv) -> int | None:
+    """What every rank but 0 does: train the config rank 0 composed, in its run folder; the stop signal that
+    ended the run early, if one did."""
+    from minigpt.runs.train import train  # torch only where a rank trains: `--help`/`--cfg` stay fast
+
+    return train(*job, env=env).stop_signal
+
+
 @hydra.main(version_base="1.3", config_path="../configs", config_name="train")
 @reports_user_errors
-@rank0_task  # a submitit job runs this in each of its tasks: task 0 trains through it, the others follow
+@rank0_task(train_along)  # a submitit job runs this in each of its tasks: task 0 trains, the others along
 def main(cfg: DictConfig) -> None:
-    from minigpt.training.trainer import train  # after composition: `--help`/`--cfg` stay fast
+    from minigpt.runs.train import train  # after composition: `--help`/`--cfg` stay fast
 
     launch = this_process()  # not a global of this script: submitit runs main in processes of its own
     out_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -68,4 +77,4 @@ def check_launcher_installed(argv: list[str]) -> None:
 
 if __name__ == "__main__":
     check_launcher_installed(sys.argv[1:])
-    Launch.from_environ().run_process(lambda: run_cli(main), sys.argv[1:])
+    Launch.from_environ(train_along).run_process(lambda: run_cli(main), sys.argv[1:])

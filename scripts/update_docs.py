@@ -1,78 +1,37 @@
-"""Regenerate what the tools write under docs/: `python scripts/update_docs.py` (or `make docs`).
+"""Regenerate what the tools write under docs/: `python scripts/update_docs.py [check=true]` (or `make docs`).
 
-Two kinds of output, both checked by `tests/project/test_docs.py`, which fails when a checked-in file no
-longer matches, so docs/ never shows what the tools stopped printing:
-    DOCS           whole files: a tool's own output for a fixed command
-    docs/performance.md's block between its bench markers: the bench's own report of docs/bench.json, the
-                   committed `python scripts/bench.py json_out=docs/bench.json` run (the rest of the page
-                   is written by hand)
+Each generated file (minigpt/lab/generated_docs.py lists them) is made afresh by running its tool as a user
+would, and written where it changed; `check=true` writes nothing and fails in one line naming the stale ones.
+`tests/project/test_docs.py` checks the same, so docs/ never shows what the tools stopped printing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
-import runpy
-import sys
 from pathlib import Path
 
+import hydra
+from omegaconf import DictConfig
+
+from minigpt.cli import reports_user_errors, run_cli, to_object
+from minigpt.config import register_configs
+from minigpt.lab.config import UpdateDocsConfig
+
+register_configs()
 ROOT = Path(__file__).resolve().parents[1]
 
-# docs file -> (script, arguments)
-DOCS = {
-    # the default model (the demo block), 20 tokens (not 16: D/2 = 16 would read as T)
-    "docs/shape_walk.txt": ("shape_walk", ["seq_len=20"]),
-    # a textbook-sized example: batch 4, 8 tokens, 512 wide, 16 heads of 32, the original
-    # Transformer's block (model=seed: sinusoidal positions, post-norm, ReLU), one layer
-    "docs/shape_walk_transformer.txt": ("shape_walk", ["model=seed", "model.n_embd=512", "model.n_head=16",
-                                                       "model.n_layer=1", "batch_size=4", "seq_len=8"]),
-    # decoding: the hand-written text, and the tables rendered from the bench's checked-in JSON
-    "docs/decoding.md": ("decoding_doc", ["docs/decoding.json", "docs/decoding.md"]),
-}
 
-BENCH_JSON, PERFORMANCE = "docs/bench.json", "docs/performance.md"
-BENCH_BEGIN, BENCH_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+@hydra.main(version_base="1.3", config_path="../configs", config_name="update_docs")
+@reports_user_errors
+def main(cfg: DictConfig) -> None:
+    from minigpt.lab.generated_docs import update_docs
 
-
-def render(script: str, args: list[str]) -> str:
-    """What `python scripts/<script>.py <args>` prints, run in this process."""
-    saved = sys.argv
-    sys.argv = [str(ROOT / "scripts" / f"{script}.py"), *args]
-    out = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
-            runpy.run_path(sys.argv[0], run_name="__main__")
-    finally:
-        sys.argv = saved
-    return out.getvalue()
-
-
-def render_bench(results: dict) -> str:
-    """The performance page's generated block, markers included: the bench's text report of `results`."""
-    from minigpt.lab.bench.report import format_report
-
-    return "\n".join([BENCH_BEGIN, f"<!-- written by scripts/update_docs.py from {BENCH_JSON}; do not edit "
-                      "by hand -->", "", "```", format_report(results), "```", BENCH_END])
-
-
-def with_bench_block(page: str, results: dict) -> str:
-    """`page` with the block between the bench markers replaced by `render_bench(results)`."""
-    start, end = page.find(BENCH_BEGIN), page.find(BENCH_END)
-    if start < 0 or end < start:
-        raise SystemExit(f"error: {PERFORMANCE} has no {BENCH_BEGIN} ... {BENCH_END} block")
-    return page[:start] + render_bench(results) + page[end + len(BENCH_END):]
-
-
-def main() -> None:
-    for doc, (script, args) in DOCS.items():
-        (ROOT / doc).write_text(render(script, args))
-        print(f"wrote {doc}")
-    page = ROOT / PERFORMANCE
-    results = json.loads((ROOT / BENCH_JSON).read_text())
-    page.write_text(with_bench_block(page.read_text(), results))
-    print(f"wrote {PERFORMANCE} (from {BENCH_JSON})")
+    c = to_object(cfg, UpdateDocsConfig)
+    stale = update_docs(ROOT, check=c.check)
+    if not c.check:
+        print("\n".join(f"wrote {doc}" for doc in stale) or "docs/ is current: nothing to write")
+    else:
+        print("docs/ is current")
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -6,12 +6,15 @@ handling, the exit code) without paying a fresh interpreter's torch import (seve
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
+import resource
 import runpy
 import signal
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,3 +81,15 @@ def snapshot(*roots: Path) -> dict[str, str]:
             if f.is_file():
                 files[str(f)] = hashlib.sha256(f.read_bytes()).hexdigest()
     return files
+
+
+@contextlib.contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """RLIMIT_FSIZE in this process for the block: every write past `limit` bytes fails with EFBIG, as on a
+    full disk (Python ignores SIGXFSZ, so the write fails instead of killing the process)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))

@@ -1,4 +1,5 @@
-"""Helpers of the cluster tests: a 2-rank reference run in forked processes, and reading a run's weights.
+"""Helpers of the cluster tests: a 2-rank reference run in forked processes, one process drawing both ranks'
+batches, and reading a run's weights.
 
 The reference trains exactly what a launcher's processes train (the same TrainConfig, DDP over gloo, two
 ranks), but started the simplest way: two forks of the test process, which has torch imported already. The
@@ -17,10 +18,11 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import process_group
+from minigpt.data.loader import BatchLoader
+from minigpt.runs.train import train
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import process_group
-from minigpt.training.trainer import train
 
 
 def free_port() -> int:
@@ -44,6 +46,23 @@ def train_two_ranks(runs: list[tuple[TrainConfig, Path]], local_ranks: tuple[int
 
     jobs = [(cfg, str(out_dir)) for cfg, out_dir in runs]
     mp.start_processes(_worker, args=(free_port(), jobs, local_ranks), nprocs=2, start_method="fork")
+
+
+class TwoRankLoader:
+    """One process drawing rank 0's and rank 1's micro-batches and stacking them: the same global batch."""
+
+    def __init__(self, bin_path, block_size, batch_size, *, seed, rank, world_size, device, batch_sizes):
+        assert (rank, world_size) == (0, 1) and batch_size % 2 == 0
+        assert batch_sizes(0) == batch_size  # no batch-size warmup: each rank draws half of every batch
+        self.parts = [BatchLoader(bin_path, block_size, batch_size // 2, seed=seed, rank=r, world_size=2,
+                                  device=device) for r in range(2)]
+
+    def next_batch(self):
+        (x0, y0), (x1, y1) = (p.next_batch() for p in self.parts)
+        return torch.cat([x0, x1]), torch.cat([y0, y1])  # (2B, T) each
+
+    def state_dict(self):
+        return self.parts[0].state_dict()
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:

@@ -9,7 +9,8 @@
                 trained them (CPU, cores, device, the dtype the matmuls ran in), so runs from
                 different machines can be compared at equal FLOPs
 
-`format.py` writes and reads these files; training (`training/resume.py`) fills them and restores from them.
+`format.py` writes and reads these files; training (`training/trainer.py`) fills them, `training/start.py`
+restores from them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def training_state(progress: Progress, optimizer_state: dict, scaler, loader,
     """state.pt's content: every stream a step depends on (plain tensors and containers only). The lr schedule
     has no state of its own: it is a function of `step` and `train_seconds` (`optim.LRSchedule`).
 
-    `rng_states[r]` is rank r's `training.resume.rng_state()`: the ranks draw different dropout masks, so
+    `rng_states[r]` is rank r's `training.seeding.rng_state()`: the ranks draw different dropout masks, so
     each one continues its own stream (the loader's stream is replayed per rank from rank 0's position
     instead).
     """

@@ -44,15 +44,16 @@ TOKENIZER_HASHES = "tokenizer_files"  # meta.json: tokenizer/ file -> SHA-256, c
 
 
 def save_checkpoint(
-    path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any], tokenizer: Any | None = None
+    path: Path, model: nn.Module, state: dict[str, Any], meta: dict[str, Any], tokenizer: Any | None = None,
+    elsewhere: str = "hydra.run.dir=...",
 ) -> Path:
     """Write a checkpoint folder at `path` atomically, replacing any previous one there.
 
     `state` holds the resumable training state (tensors, numbers, strings, nested dicts/lists); `meta` the
     JSON description (the format version and the tokenizer files' hashes are added here); `tokenizer`
     anything with `.save(folder)`. A failed write (a full disk, lost permissions, a deleted folder) raises a
-    one-line UserError naming the file and the cause, and leaves no temporary folder and the previous
-    checkpoint at `path` as it was.
+    one-line UserError naming the file, the cause and the keys that choose another place (`elsewhere`), and
+    leaves no temporary folder and the previous checkpoint at `path` as it was.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -65,7 +66,7 @@ def save_checkpoint(
         if e.filename is not None and Path(e.filename).is_relative_to(tmp):  # name where it was going
             e = OSError(e.errno, e.strerror, str(path / Path(e.filename).relative_to(tmp)))
         kept = f"the previous checkpoint {path} is intact" if existed else "no earlier checkpoint was there"
-        raise UserError(f"checkpoint not saved: {unwritable_path_message(e)}; {kept}") from None
+        raise UserError(f"checkpoint not saved: {unwritable_path_message(e, elsewhere)}; {kept}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # nothing there after a successful swap
     return path

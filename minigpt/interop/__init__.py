@@ -1,17 +1,21 @@
 """Other formats of a model, in and out of minigpt's checkpoints, and a standard evaluation harness.
 
 Read in this order:
-    architecture.py   which outside architecture a model is (gpt2, llama, qwen3), or the feature that bars it
-    hf_files.py       the files of a Hugging Face folder; `staged_output`, how every export is written
-    hf_gpt2.py        GPT-2's config.json and weights <-> `GPT` (the name-by-name mapping)
-    hf_llama.py       Llama's and Qwen3's config.json and weights <-> `GPT` (the fused projections split)
-    hf_tokenizer.py   minigpt tokenizers <-> Hugging Face fast tokenizers (tokenizer.json)
-    hf_checkpoint.py  Hugging Face folders <-> minigpt checkpoint folders (export_hf, import_hf)
-    gguf_vocab.py     a tokenizer as GGUF metadata, with llama.cpp's matching pre-tokenizer
-    gguf_export.py    a model as one GGUF file (f32, f16, bf16, q8_0) for llama.cpp and Ollama
-    export.py         scripts/export.py: format=hf | gguf
-    lm_eval_model.py  the `minigpt` model of lm-evaluation-harness (loglikelihood, rolling, generate_until)
-    harness_task.py   the shipped offline task (tasks/): which line really comes next in a stdlib function
-    harness.py        running lm-eval tasks on a checkpoint (scripts/evaluate.py harness_tasks=...)
-    config.py         ExportConfig, ImportHFConfig (no torch: Hydra's schemas import it)
+    architecture.py    which outside architecture a model is (gpt2, llama, qwen3), or the feature that bars it
+    family_weights.py  a model's weights under its family's names, what every format is written from
+    fast_tokenizer.py  a minigpt tokenizer as a `tokenizers` BPE: the vocabulary and merges both formats carry
+    staging.py         how every export is written: staged beside `out`, renamed when complete, or nothing
+    hf_files.py        the files of a Hugging Face folder, read and written
+    hf_gpt2.py         GPT-2's config.json and weights <-> `GPT` (the name-by-name mapping)
+    hf_llama.py        Llama's and Qwen3's config.json and weights <-> `GPT`
+    hf_tokenizer.py    minigpt tokenizers <-> Hugging Face fast tokenizers (tokenizer.json)
+    hf_export.py       a model -> a Hugging Face folder transformers loads with no custom code
+    hf_import.py       a Hugging Face folder -> a minigpt checkpoint (scripts/import_hf.py)
+    gguf_vocab.py      a tokenizer as GGUF metadata, with llama.cpp's matching pre-tokenizer
+    gguf_export.py     a model as one GGUF file (f32, f16, bf16, q8_0) for llama.cpp and Ollama
+    export.py          scripts/export.py: the checkpoint read once, handed to the writer of format=hf | gguf
+    lm_eval_model.py   the `minigpt` model of lm-evaluation-harness (loglikelihood, rolling, generate_until)
+    harness_task.py    the shipped offline task (tasks/): which line really comes next in a stdlib function
+    harness.py         running lm-eval tasks on a checkpoint (scripts/evaluate.py harness_tasks=...)
+    config.py          ExportConfig, ImportHFConfig (no torch: Hydra's schemas import it)
 """

@@ -1,7 +1,7 @@
 """Configuration of the format tools (no torch here: Hydra's schemas import this module).
 
     ExportConfig    scripts/export.py     configs/export.yaml     interop/export.py
-    ImportHFConfig  scripts/import_hf.py  configs/import_hf.yaml  interop/hf_checkpoint.py
+    ImportHFConfig  scripts/import_hf.py  configs/import_hf.yaml  interop/hf_import.py
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A minigpt model as one GGUF file, the format llama.cpp (and Ollama, llama-cpp-python) runs, written with
 the `gguf` package llama.cpp publishes.
 
-The weights are first named as Hugging Face names them (hf_gpt2.py, hf_llama.py), and gguf's own map of those
+The weights are first named as their family names them (family_weights.py), and gguf's own map of those
 names (`gguf.get_tensor_name_map`) gives the GGUF ones (`blk.0.attn_q.weight`, ...), so the file is laid
 out as llama.cpp's converter would lay out the same model. The metadata holds the sizes llama.cpp's `gpt2`,
 `llama` or `qwen3` graph reads and the tokenizer (gguf_vocab.py).
@@ -21,6 +21,9 @@ only model.activation=gelu_tanh exports as gpt2.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 from pathlib import Path
 
 import gguf
@@ -30,10 +33,9 @@ import torch
 from minigpt.data.tokenizers import Tokenizer
 from minigpt.errors import UserError
 from minigpt.interop.architecture import GPT2, LLAMA, QWEN3, architecture_of
+from minigpt.interop.family_weights import gpt2_weights, llama_weights
 from minigpt.interop.gguf_vocab import add_vocabulary, gguf_vocabulary
-from minigpt.interop.hf_files import staged_output
-from minigpt.interop.hf_gpt2 import with_zero_biases
-from minigpt.interop.hf_llama import hf_llama_state_dict
+from minigpt.interop.staging import staged_output
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
 
@@ -61,11 +63,11 @@ def gguf_tensors(model: GPT) -> tuple[str, dict[str, torch.Tensor]]:
     cfg = model.config
     family = architecture_of(cfg, target="GGUF")
     if family == GPT2:
-        named = with_zero_biases(model)  # minigpt's names are GPT-2's, in Linear layout (no Conv1D here)
+        named = gpt2_weights(model)  # minigpt's names are GPT-2's, in Linear layout (no Conv1D here)
         if cfg.tie_weights:
             del named["lm_head.weight"]  # llama.cpp reuses token_embd when there is no output tensor
     else:
-        named = hf_llama_state_dict(model)
+        named = llama_weights(model)
         for name in list(named) if family == LLAMA else ():  # qwen3 rotates halves (module docstring)
             if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
                 heads = cfg.n_head if ".q_proj." in name else cfg.kv_heads
@@ -128,10 +130,31 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, out: str | Path, gguf_type: st
         add_vocabulary(writer, vocab)
         for tensor_name, (data, qtype) in encoded.items():
             writer.add_tensor(tensor_name, data, raw_dtype=qtype)
-        try:
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
+        _write(writer, tmp)
     return Path(out).expanduser()
+
+
+def _write(writer: gguf.GGUFWriter, file: Path) -> None:
+    """gguf writes the file's header, metadata and tensors. It writes the tensors with numpy's `tofile`, which
+    reports a short write (a full disk, a file size limit) as "1152 requested and 32 written", without the
+    OSError's errno: one more byte appended to the file then fails with the real cause."""
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            writer.close()  # its buffer cannot be written either
+        raise e if e.errno is not None else _cause_of_short_write(file) from None
+
+
+def _cause_of_short_write(file: Path) -> OSError:
+    fd = os.open(file, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"\0")
+    except OSError as e:
+        return OSError(e.errno, e.strerror, str(file))
+    finally:
+        os.close(fd)
+    return OSError(errno.EIO, "a write stopped short", str(file))

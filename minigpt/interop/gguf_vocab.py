@@ -1,7 +1,7 @@
 """A minigpt tokenizer as GGUF metadata: llama.cpp's `gpt2` (byte-level BPE) tokenizer and its pre-tokenizer.
 
 A GGUF file carries the whole tokenizer: every token's text in id order (in the byte-level alphabet of
-GPT-2, the same strings as tokenizer.json: hf_tokenizer.vocab_and_merges), the merges, each token's type,
+GPT-2, the same strings as tokenizer.json: fast_tokenizer.vocab_and_merges), the merges, each token's type,
 and the name of the pre-tokenizer, which llama.cpp implements by name rather than by regex. So a split
 pattern exports only where llama.cpp has a pre-tokenizer that splits identically:
 
@@ -22,7 +22,7 @@ import tiktoken
 
 from minigpt.data.tokenizers import TiktokenTokenizer, Tokenizer
 from minigpt.errors import UserError
-from minigpt.interop.hf_tokenizer import GPT2_PATTERN, hf_tokenizer, vocab_and_merges
+from minigpt.interop.fast_tokenizer import GPT2_PATTERN, fast_tokenizer, vocab_and_merges
 
 GPT4_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""  # noqa: E501
 CL100K_PATTERN = r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""  # noqa: E501
@@ -58,7 +58,7 @@ def gguf_vocabulary(tok: Tokenizer, vocab_size: int) -> Vocabulary:
         why = "has no merges, which llama.cpp's BPE needs" if tok.kind == "byte" else "is no byte-level BPE"
         raise UserError(f"tokenizer {tok.name} {why}; GGUF export needs tokenizer=bpe (or gpt2, cl100k)")
     pre = pre_tokenizer_of(tok.encoding)
-    tokens, merges = vocab_and_merges(hf_tokenizer(tok))
+    tokens, merges = vocab_and_merges(fast_tokenizer(tok))
     n_ranks, specials = len(tok.encoding._mergeable_ranks), set(tok.encoding._special_tokens.values())
     # after the ranks come the special tokens, and placeholders for ids between them that name no token
     types = [gguf.TokenType.NORMAL if i < n_ranks else gguf.TokenType.CONTROL if i in specials

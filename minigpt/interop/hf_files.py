@@ -1,28 +1,21 @@
-"""The files of a Hugging Face model folder, and how every export is written without half-written output.
+"""The files of a Hugging Face model folder, read (an import) and written (an export).
 
     config.json              the architecture (`model_type`) and its sizes
     model.safetensors        the weights (or a sharded `model.safetensors.index.json`, or the older pickled
                              `pytorch_model.bin`, read here with `weights_only=True` so no code runs)
     generation_config.json   the ids generation starts and stops with
     tokenizer.json           the fast tokenizer (+ tokenizer_config.json): hf_tokenizer.py
-
-`staged_output` is the one way an exporter writes: into a hidden sibling first, renamed into place only
-when complete, and never over something that exists.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
-from minigpt.errors import UserError, unwritable_path_message
+from minigpt.errors import UserError
 
 CONFIG, WEIGHTS, GENERATION_CONFIG = "config.json", "model.safetensors", "generation_config.json"
 
@@ -39,6 +32,19 @@ def read_hf_config(folder: Path) -> dict:
     if not isinstance(hf, dict):
         raise UserError(f"{file} holds no JSON object; it is not a Hugging Face config")
     return hf
+
+
+def config_number(hf: dict, key: str, default: float | None = None, whole: bool = True,
+                  file: str | Path = CONFIG) -> int | float:
+    """config.json's `key` (`default` where it is absent): a whole number >= 1, or with whole=False any number
+    > 0; UserError naming the file and the key for anything else."""
+    value = hf.get(key, default)
+    if value is None:
+        raise UserError(f"{file} has no {key}; it is not a complete Hugging Face config")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not value > 0 or (whole and value != int(value)):
+        raise UserError(f"{file} has {key}={value!r}; it must be {'a whole number >= 1' if whole else '> 0'}")
+    return int(value) if whole else float(value)
 
 
 def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -59,74 +65,38 @@ def read_hf_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise UserError(f"{folder} has no model.safetensors or pytorch_model.bin; download the full model folder")
 
 
-def load_converted_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str) -> torch.nn.Module:
-    """Copy `sd` into `model` strictly (every name and shape), converting fp16/bf16 files to float32;
-    UserError naming the first mismatch. Returns the model in eval mode."""
+def load_converted_weights(model: torch.nn.Module, sd: dict[str, torch.Tensor], what: str,
+                           folder: Path) -> torch.nn.Module:
+    """Copy `sd` (the `what` weights of `folder`) into `model` strictly (every name and shape), converting
+    fp16/bf16 files to float32; UserError naming the first mismatch. Returns the model in eval mode."""
     expected = model.state_dict()
     missing, unexpected = sorted(set(expected) - set(sd)), sorted(set(sd) - set(expected))
     if missing or unexpected:
-        raise UserError(
-            f"the {what} weights do not match config.json: missing {missing[:3]}, unexpected {unexpected[:3]}"
-        )
+        raise UserError(f"the {what} weights in {folder} do not match its {CONFIG}: missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}")
     for name, tensor in sd.items():
         if tensor.shape != expected[name].shape:
-            raise UserError(
-                f"{name} has shape {tuple(tensor.shape)}; config.json needs {tuple(expected[name].shape)}"
-            )
+            raise UserError(f"the {what} weights in {folder} do not match its {CONFIG}: {name} has shape "
+                            f"{tuple(tensor.shape)} where it needs {tuple(expected[name].shape)}")
     model.load_state_dict(sd)
     return model.eval()
 
 
 def write_json(file: Path, content: dict) -> None:
-    file.write_text(json.dumps(content, indent=2) + "\n")
+    _write(file, (json.dumps(content, indent=2) + "\n").encode())
 
 
 def write_weights(file: Path, tensors: dict[str, torch.Tensor]) -> None:
-    """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout."""
-    save_file({k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}, str(file),
-              metadata={"format": "pt"})
+    """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout. Made in
+    memory and written as plain bytes: a failed write is then an OSError, not safetensors' text about one."""
+    tensors = {k: v.detach().float().cpu().contiguous() for k, v in tensors.items()}
+    _write(file, save(tensors, metadata={"format": "pt"}))
 
 
-@contextlib.contextmanager
-def staged_output(out: Path, folder: bool) -> Iterator[Path]:
-    """Yield a hidden temporary path beside `out` (a folder when `folder`) to write the export into; on
-    success it is renamed to `out`, on any failure removed, so `out` is either complete or absent.
-
-    `out` must not exist: nothing is ever overwritten. A write that fails for lack of space or permission
-    becomes a one-line UserError naming the path.
-    """
-    out = Path(out).expanduser()
-    if out.exists():
-        raise UserError(f"{out} already exists; choose a new output path (nothing was overwritten)")
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+def _write(file: Path, data: bytes) -> None:
+    """`data` as `file`; a write that fails names the file (Python's OSError for a write to an open file
+    names none)."""
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _remove(tmp)  # what a killed export by a process of the same id left
-        if folder:
-            tmp.mkdir()
-        yield tmp
-        _rename_without_clobbering(tmp, out)
+        file.write_bytes(data)
     except OSError as e:
-        raise UserError(f"nothing exported: {unwritable_path_message(e)}") from None
-    finally:
-        _remove(tmp)
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
-
-
-def _rename_without_clobbering(tmp: Path, out: Path) -> None:
-    """A folder cannot replace a non-empty folder; a file is linked, which fails if `out` has appeared."""
-    if tmp.is_dir():
-        os.rename(tmp, out)
-        return
-    try:
-        os.link(tmp, out)
-    except FileExistsError:
-        raise UserError(f"{out} appeared while exporting; nothing was overwritten") from None
-    except OSError:  # a filesystem without hard links: the existence check above is the guard
-        os.replace(tmp, out)
+        raise OSError(e.errno, e.strerror, str(file)) from None

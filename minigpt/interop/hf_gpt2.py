@@ -21,7 +21,14 @@ import torch
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import GPT2, architecture_of
-from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
+from minigpt.interop.family_weights import gpt2_weights
+from minigpt.interop.hf_files import (
+    CONFIG,
+    config_number,
+    load_converted_weights,
+    read_hf_config,
+    read_hf_weights,
+)
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
@@ -40,30 +47,35 @@ UNSUPPORTED_FLAGS = {"scale_attn_by_inverse_layer_idx": False, "reorder_and_upca
 # ---------------------------------------------------------------------------------------------------- configs
 
 
-def config_from_hf(hf: dict) -> ModelConfig:
-    """A gpt2-family ModelConfig sized from a Hugging Face `config.json` dict."""
+def config_from_hf(hf: dict, file: str | Path = CONFIG) -> ModelConfig:
+    """A gpt2-family ModelConfig sized from a Hugging Face `config.json` dict (read from `file`, named in
+    every refusal)."""
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise UserError(f"config.json has model_type={hf.get('model_type')!r}; only model_type gpt2 loads")
+        raise UserError(f"{file} has model_type={hf.get('model_type')!r}; only model_type gpt2 loads")
     for key, needed in UNSUPPORTED_FLAGS.items():
         if hf.get(key, needed) != needed:
-            raise UserError(f"config.json sets {key}={hf[key]}; minigpt supports only {key}={needed}")
+            raise UserError(f"{file} sets {key}={hf[key]}; minigpt supports only {key}={needed}")
     act = hf.get("activation_function", "gelu_new")
     if act not in HF_TO_MINIGPT_ACTIVATION:
         raise UserError(
-            f"config.json has activation_function={act!r}; supported: {', '.join(HF_TO_MINIGPT_ACTIVATION)}"
+            f"{file} has activation_function={act!r}; supported: {', '.join(HF_TO_MINIGPT_ACTIVATION)}"
         )
-    n_embd = int(hf.get("n_embd", 768))
-    n_inner = hf.get("n_inner") or 4 * n_embd  # null means GPT-2's 4·C
+
+    def number(key: str, default: float, whole: bool = True) -> int | float:
+        return config_number(hf, key, default, whole, file)
+
+    n_embd = number("n_embd", 768)
+    n_inner = number("n_inner", 4 * n_embd) if hf.get("n_inner") is not None else 4 * n_embd  # null: 4·C
     cfg = ModelConfig(
-        n_layer=int(hf.get("n_layer", 12)), n_head=int(hf.get("n_head", 12)), n_kv_head=None, n_embd=n_embd,
-        block_size=int(hf.get("n_positions", 1024)), vocab_size=int(hf.get("vocab_size", 50257)),
+        n_layer=number("n_layer", 12), n_head=number("n_head", 12), n_kv_head=None, n_embd=n_embd,
+        block_size=number("n_positions", 1024), vocab_size=number("vocab_size", 50257),
         pos_encoding="learned", norm="layernorm", norm_placement="pre",
-        norm_eps=float(hf.get("layer_norm_epsilon", 1e-5)), activation=HF_TO_MINIGPT_ACTIVATION[act],
+        norm_eps=number("layer_norm_epsilon", 1e-5, whole=False), activation=HF_TO_MINIGPT_ACTIVATION[act],
         ffn_mult=n_inner / n_embd, bias=True, tie_weights=bool(hf.get("tie_word_embeddings", True)),
-        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/resume.py)
+        dropout=0.0, attn_dropout=0.0,  # inference; a fine-tuning run sets its own (training/start.py)
     )
     if ffn_hidden_size(cfg) != n_inner:
-        raise UserError(f"config.json has n_inner={n_inner}; minigpt needs a multiple of 8 (GPT-2: 4·n_embd)")
+        raise UserError(f"{file} has n_inner={n_inner}; minigpt needs a multiple of 8 (GPT-2: 4·n_embd)")
     return cfg
 
 
@@ -92,18 +104,6 @@ def _is_conv1d(name: str) -> bool:
     return name.endswith(CONV1D_WEIGHTS)
 
 
-def with_zero_biases(model: GPT) -> dict[str, torch.Tensor]:
-    """The model's weights under its own (GPT-2) names, plus a zero bias for every linear layer and
-    LayerNorm that has none (model.bias=false): GPT2LMHeadModel and llama.cpp's gpt2 expect them all."""
-    sd = {name: t.detach() for name, t in model.state_dict().items()}
-    for name, module in model.named_modules():
-        # GPT-2's head has no bias either
-        biased = isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)) and name != "lm_head"
-        if biased and module.bias is None:
-            sd[f"{name}.bias"] = torch.zeros(module.weight.shape[0], dtype=module.weight.dtype)
-    return sd
-
-
 def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """minigpt weights under HF GPT2LMHeadModel's names and layouts (Conv1D matrices transposed).
 
@@ -112,7 +112,7 @@ def hf_state_dict(model: GPT) -> dict[str, torch.Tensor]:
     """
     hf_config_from_model(model.config)  # fail early on a config GPT-2 cannot express
     return {name: t.t().contiguous() if _is_conv1d(name) else t.clone()  # (in, out) for Conv1D
-            for name, t in with_zero_biases(model).items()}
+            for name, t in gpt2_weights(model).items()}
 
 
 def minigpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -134,5 +134,5 @@ def minigpt_state_dict(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict
 def load_hf_gpt2(folder: str | Path) -> GPT:
     """A minigpt GPT (float32, CPU, eval mode) holding the GPT-2 weights of a local HF folder."""
     folder = Path(folder).expanduser()
-    cfg = config_from_hf(read_hf_config(folder))
-    return load_converted_weights(GPT(cfg), minigpt_state_dict(read_hf_weights(folder), cfg), "GPT-2")
+    cfg = config_from_hf(read_hf_config(folder), folder / CONFIG)
+    return load_converted_weights(GPT(cfg), minigpt_state_dict(read_hf_weights(folder), cfg), "GPT-2", folder)

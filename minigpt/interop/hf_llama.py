@@ -1,23 +1,14 @@
 """Llama and Qwen3 in the Hugging Face format: config.json and weights <-> a minigpt `GPT` with a
 Llama-style block.
 
-A Llama block is minigpt's block with pos_encoding=rope, norm=rmsnorm, activation=swiglu, and the mapping is
-a copy under other names, with two splits:
-
-    transformer.wte                  model.embed_tokens
-    h.{i}.ln_1 / ln_2                model.layers.{i}.input_layernorm / post_attention_layernorm
-    h.{i}.attn.c_attn  (fused)       self_attn.q_proj | k_proj | v_proj    rows H·D | H_kv·D | H_kv·D
-    h.{i}.attn.q_norm / k_norm       self_attn.q_norm / k_norm             (qk_norm: Qwen3 only)
-    h.{i}.attn.c_proj                self_attn.o_proj
-    h.{i}.mlp.c_fc     (fused)       mlp.gate_proj | up_proj               rows hidden | hidden
-    h.{i}.mlp.c_proj                 mlp.down_proj
-    transformer.ln_f / lm_head       model.norm / lm_head  (no lm_head when tied)
+A Llama block is minigpt's block with pos_encoding=rope, norm=rmsnorm, activation=swiglu, and the weights
+are a copy under other names, the two fused projections split (the table: interop/family_weights.py).
 
 A Qwen3 block is the Llama block with model.qk_norm=true: both normalise each head's D query and key
 channels with an RMSNorm of the model's eps before the rotation (attention.py), and Qwen3 has no biases.
 
 Both rotate q and k with dimension j paired with j + D/2 (the rotate-half layout), so no permutation is
-needed here (GGUF needs one: gguf_tensors.py). RMSNorm is the same formula and eps; the rope base is
+needed here (GGUF needs one: gguf_export.py). RMSNorm is the same formula and eps; the rope base is
 `rope_theta`; biases, when the model has them, are HF's `attention_bias` and `mlp_bias`.
 """
 
@@ -29,7 +20,14 @@ import torch
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import FAMILY_CLASS, QWEN3, ROPE_FAMILIES, architecture_of
-from minigpt.interop.hf_files import load_converted_weights, read_hf_config, read_hf_weights
+from minigpt.interop.family_weights import llama_table, llama_weights
+from minigpt.interop.hf_files import (
+    CONFIG,
+    config_number,
+    load_converted_weights,
+    read_hf_config,
+    read_hf_weights,
+)
 from minigpt.model.config import ModelConfig
 from minigpt.model.ffn import ffn_hidden_size
 from minigpt.model.gpt import GPT
@@ -67,101 +65,61 @@ def hf_llama_config(cfg: ModelConfig, eot_id: int | None = None) -> dict:
     return hf
 
 
-def config_from_hf_llama(hf: dict) -> ModelConfig:
+def config_from_hf_llama(hf: dict, file: str | Path = CONFIG) -> ModelConfig:
     """A llama- or qwen3-family ModelConfig sized from a LlamaForCausalLM or Qwen3ForCausalLM config.json
-    dict; UserError for a variant minigpt's block does not compute (rope scaling, another activation, a head
-    size that is not C/H, a sliding window)."""
+    dict (read from `file`, named in every refusal); UserError for a variant minigpt's block does not compute
+    (rope scaling, another activation, a head size that is not C/H, a sliding window) or a missing size."""
     qwen3 = hf.get("model_type") == QWEN3
     if qwen3 and (hf.get("use_sliding_window") or hf.get("attention_bias")):
-        raise UserError("config.json is a Qwen3 with a sliding window or attention biases; minigpt's qwen3 "
+        raise UserError(f"{file} is a Qwen3 with a sliding window or attention biases; minigpt's qwen3 "
                         "attends to the whole context and has no biases")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope = rope if isinstance(rope, dict) else {"rope_type": rope}
     rope_type = rope.get("rope_type", rope.get("type", "default"))
     if rope_type != "default":
-        raise UserError(f"config.json uses rope_type={rope_type!r}; minigpt's rope is the unscaled default")
+        raise UserError(f"{file} uses rope_type={rope_type!r}; minigpt's rope is the unscaled default")
     if hf.get("hidden_act", "silu") != "silu":
-        raise UserError(f"config.json has hidden_act={hf['hidden_act']!r}; minigpt's SwiGLU uses silu")
+        raise UserError(f"{file} has hidden_act={hf['hidden_act']!r}; minigpt's SwiGLU uses silu")
     if bool(hf.get("attention_bias", False)) != bool(hf.get("mlp_bias", False)):
-        raise UserError("config.json sets attention_bias and mlp_bias apart; minigpt has one model.bias")
-    n_embd, n_head = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        raise UserError(f"{file} sets attention_bias and mlp_bias apart; minigpt has one model.bias")
+
+    def number(key: str, default: float | None = None, whole: bool = True) -> int | float:
+        return config_number(hf, key, default, whole, file)
+
+    n_embd, n_head = number("hidden_size"), number("num_attention_heads")
     if hf.get("head_dim") not in (None, n_embd // n_head):
-        raise UserError(f"config.json has head_dim={hf['head_dim']}; minigpt's head size is "
+        raise UserError(f"{file} has head_dim={hf['head_dim']}; minigpt's head size is "
                         f"hidden_size/num_attention_heads = {n_embd // n_head}")
-    intermediate = int(hf["intermediate_size"])
+    intermediate = number("intermediate_size")
     cfg = ModelConfig(
-        n_layer=int(hf["num_hidden_layers"]), n_head=n_head,
-        n_kv_head=int(hf.get("num_key_value_heads") or n_head), n_embd=n_embd,
-        block_size=int(hf.get("max_position_embeddings", 2048)), vocab_size=int(hf["vocab_size"]),
-        pos_encoding="rope", rope_base=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        norm="rmsnorm", norm_placement="pre", norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        n_layer=number("num_hidden_layers"), n_head=n_head,
+        n_kv_head=number("num_key_value_heads", n_head) if hf.get("num_key_value_heads") else n_head,
+        n_embd=n_embd, block_size=number("max_position_embeddings", 2048), vocab_size=number("vocab_size"),
+        pos_encoding="rope", rope_base=config_number({**hf, **rope}, "rope_theta", 10000.0, False, file),
+        norm="rmsnorm", norm_placement="pre", norm_eps=number("rms_norm_eps", 1e-6, whole=False),
         activation="swiglu", ffn_mult=1.5 * intermediate / n_embd,  # swiglu's hidden is 2/3 of ffn_mult·C
         bias=bool(hf.get("attention_bias", False)), tie_weights=bool(hf.get("tie_word_embeddings", False)),
         dropout=0.0, attn_dropout=0.0, qk_norm=qwen3,
     )
     if ffn_hidden_size(cfg) != intermediate:
-        raise UserError(f"config.json has intermediate_size={intermediate}; minigpt needs a multiple of 8")
+        raise UserError(f"{file} has intermediate_size={intermediate}; minigpt needs a multiple of 8")
     return cfg
 
 
 # ---------------------------------------------------------------------------------------------------- weights
 
 
-def tensor_table(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
-    """(minigpt name, HF names) of every tensor; with several HF names the minigpt tensor is their rows
-    stacked in that order (the fused projections)."""
-    kinds = ("weight", "bias") if cfg.bias else ("weight",)
-    table = [("transformer.wte.weight", ("model.embed_tokens.weight",))]
-    for i in range(cfg.n_layer):
-        ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
-        table += [(ours + "ln_1.weight", (theirs + "input_layernorm.weight",)),
-                  (ours + "ln_2.weight", (theirs + "post_attention_layernorm.weight",))]
-        if cfg.qk_norm:
-            table += [(f"{ours}attn.{n}_norm.weight", (f"{theirs}self_attn.{n}_norm.weight",)) for n in "qk"]
-        for kind in kinds:
-            table += [
-                (f"{ours}attn.c_attn.{kind}", tuple(f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv")),
-                (f"{ours}attn.c_proj.{kind}", (f"{theirs}self_attn.o_proj.{kind}",)),
-                (f"{ours}mlp.c_fc.{kind}", (f"{theirs}mlp.gate_proj.{kind}", f"{theirs}mlp.up_proj.{kind}")),
-                (f"{ours}mlp.c_proj.{kind}", (f"{theirs}mlp.down_proj.{kind}",)),
-            ]
-    table.append(("transformer.ln_f.weight", ("model.norm.weight",)))
-    if not cfg.tie_weights:  # tied: HF ties lm_head to embed_tokens itself (safetensors refuses shared data)
-        table.append(("lm_head.weight", ("lm_head.weight",)))
-    return table
-
-
-def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
-    """Rows of each part of a fused matrix: q | k | v, or gate | up (SiLU(gate) ⊙ up, ffn.py)."""
-    if ".attn.c_attn." in name:
-        return [cfg.n_head * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim]
-    return [ffn_hidden_size(cfg)] * 2
-
-
-def hf_llama_state_dict(model: GPT) -> dict[str, torch.Tensor]:
-    """minigpt weights under LlamaForCausalLM's (Qwen3ForCausalLM's) names, the fused matrices split; no
-    lm_head when tied."""
-    cfg = model.config
-    hf_llama_config(cfg)  # fail early on a config Llama cannot express
-    sd = model.state_dict()
-    out = {}
-    for ours, theirs in tensor_table(cfg):
-        pieces = sd[ours].detach().split(_split_sizes(cfg, ours)) if len(theirs) > 1 else (sd[ours].detach(),)
-        out.update({name: piece.clone() for name, piece in zip(theirs, pieces, strict=True)})
-    return out
-
-
-def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor],
-                                  cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """LlamaForCausalLM (or Qwen3ForCausalLM) tensors -> minigpt names, the q/k/v and gate/up matrices
-    stacked back."""
-    table = tensor_table(cfg)
+def minigpt_state_dict_from_llama(hf_sd: dict[str, torch.Tensor], cfg: ModelConfig,
+                                  folder: Path) -> dict[str, torch.Tensor]:
+    """LlamaForCausalLM (or Qwen3ForCausalLM) tensors (those of `folder`) -> minigpt names, the q/k/v and
+    gate/up matrices stacked back."""
+    table = llama_table(cfg)
     used = {name for _, theirs in table for name in theirs}
     missing = sorted(used - set(hf_sd))
     unexpected = sorted(n for n in set(hf_sd) - used if not n.endswith(INV_FREQ) and n != "lm_head.weight")
     if missing or unexpected:
-        raise UserError(f"the {'Qwen3' if cfg.qk_norm else 'Llama'} weights do not match config.json: "
-                        f"missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]}")
+        raise UserError(f"the {'Qwen3' if cfg.qk_norm else 'Llama'} weights in {folder} do not match its "
+                        f"{CONFIG}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     out = {ours: torch.cat([hf_sd[name] for name in theirs], dim=0) for ours, theirs in table}
     if cfg.tie_weights:  # transformers ties the head to the embedding whatever the file holds
         out["lm_head.weight"] = out["transformer.wte.weight"]
@@ -172,7 +130,14 @@ def load_hf_llama(folder: str | Path) -> GPT:
     """A minigpt GPT (float32, CPU, eval mode) holding the weights of a local LlamaForCausalLM or
     Qwen3ForCausalLM folder."""
     folder = Path(folder).expanduser()
-    cfg = config_from_hf_llama(read_hf_config(folder))
+    cfg = config_from_hf_llama(read_hf_config(folder), folder / CONFIG)
     weights = read_hf_weights(folder)
     family = "Qwen3" if cfg.qk_norm else "Llama"
-    return load_converted_weights(GPT(cfg), minigpt_state_dict_from_llama(weights, cfg), family)
+    with torch.device("meta"):  # the shapes config.json implies, under Llama's names, in no memory
+        expected = llama_weights(GPT(cfg))
+    for name, want in expected.items():  # in the model's order, before the fused matrices are stacked back
+        if name in weights and weights[name].shape != want.shape:
+            raise UserError(f"the {family} weights in {folder} do not match its {CONFIG}: {name} has shape "
+                            f"{tuple(weights[name].shape)} where it needs {tuple(want.shape)}")
+    stacked = minigpt_state_dict_from_llama(weights, cfg, folder)
+    return load_converted_weights(GPT(cfg), stacked, family, folder)

@@ -9,9 +9,13 @@ lm-eval asks a model three things (its `LM` interface), all answered here from a
 `TemplateLM` turns text requests into token requests the way it does for Hugging Face models: a context is
 encoded as it is (no token in front), an empty one becomes <|endoftext|> (the token every training document
 follows), and rolling windows start from it too; where a context ends in a newline it keeps it
-(`_encode_pair`). Token requests are scored in batches of equal-length rows
-(right padding cannot change a causal model's earlier positions); generation runs minigpt's KV-cached
-decoder (sampling/decode.py), a batch of prompts at a time.
+(`_encode_pair`). Token requests are scored in batches of similar-length rows (right padding cannot change a
+causal model's earlier positions) of at most block_size ids: a context that does not fit is scored from its
+tail, a continuation longer than the context in lm-eval's rolling windows, each kind noted once per run.
+Generation runs minigpt's KV-cached decoder (sampling/decode.py), a batch of prompts at a time.
+
+`lm_eval --model minigpt` is a command of its own: a bad `--model_args` (a checkpoint that is not there, a
+`weights_dtype` this machine cannot run) ends it in one `error:` line and exit code 2, like minigpt's scripts.
 
 Importing this module registers the name `minigpt` with lm-eval. lm-eval has no plugin mechanism that would
 import it for its own CLI, so the shipped task (harness_task.py) does: its YAML imports this package while
@@ -21,6 +25,8 @@ import it for its own CLI, so the shipped task (harness_task.py) does: its YAML 
 
 from __future__ import annotations
 
+import inspect
+import logging
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -30,9 +36,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 
 from minigpt.checkpoint.load import load_model
+from minigpt.device.config import check_weights_dtype
+from minigpt.errors import UserError, exit_with_error
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 from minigpt.sampling.sequences import StopStrings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's own default for generate_until
@@ -51,10 +61,11 @@ class MinigptLM(TemplateLM):
                  batch_size: int | str | None = None, seed: int = 1234,
                  max_batch_size: int | None = None) -> None:
         super().__init__()
+        check_weights_dtype(weights_dtype)
+        self.batch_size = _batch_size(batch_size, max_batch_size)
+        self.seed = _whole_number("seed", seed)
         self.model, self.tokenizer, _ = load_model(checkpoint, device or "auto", weights_dtype)
         self._device = next(self.model.parameters()).device
-        self.batch_size = _batch_size(batch_size, max_batch_size)
-        self.seed = int(seed)
 
     @classmethod
     def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> MinigptLM:
@@ -68,7 +79,14 @@ class MinigptLM(TemplateLM):
         device = str(extra.pop("device", "auto")).split(":")[0]  # cuda:0 -> cuda
         if device == "cuda" and not torch.cuda.is_available():
             device = "auto"
-        return cls(**{**extra, "device": device, **arg_dict})
+        known = [name for name in inspect.signature(cls.__init__).parameters if name != "self"]
+        unknown = sorted(set(arg_dict) - set(known))
+        try:
+            if unknown:
+                raise UserError(f"no key {unknown[0]} (the keys: {', '.join(known)})")
+            return cls(**{**extra, "device": device, **arg_dict})
+        except UserError as e:  # lm-eval's command line would print the traceback
+            exit_with_error(f"--model_args: {e}")
 
     @property
     def eot_token_id(self) -> int:
@@ -107,38 +125,63 @@ class MinigptLM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list[TokenRequest], disable_tqdm: bool = False,
                               **kwargs) -> list[tuple[float, bool]]:
         """Each request's summed log-probability of its continuation ids and whether every one of them is the
-        argmax. The input is the last block_size ids of context + continuation (minus the final id)."""
-        results: list[tuple[float, bool] | None] = [None] * len(requests)
-        for batch in _batches(requests, self.batch_size, key=lambda r: len(r[1]) + len(r[2])):
-            rows = [(i, (ctx + cont)[-(self.max_length + 1):-1], cont) for i, (_, ctx, cont) in batch]
-            width = max(len(inp) for _, inp, _ in rows)
-            idx = torch.tensor([inp + [0] * (width - len(inp)) for _, inp, _ in rows], device=self._device)
+        argmax, scored in the rows `_rows` cuts it into (their sums added up)."""
+        rows = [(i, inp, cont) for i, (_, context, continuation) in enumerate(requests)
+                for inp, cont in self._rows(context, continuation)]
+        totals, greedy = [0.0] * len(requests), [True] * len(requests)
+        for batch in _batches(rows, self.batch_size, key=lambda row: len(row[1])):
+            inputs = [inp for _, (_, inp, _) in batch]
+            width = max(len(inp) for inp in inputs)
+            idx = torch.tensor([inp + [0] * (width - len(inp)) for inp in inputs], device=self._device)
             logits, _ = self.model(idx)  # (B, T, V); the right padding is never looked at
             logprobs = F.log_softmax(logits.float(), dim=-1)
-            for row, (i, inp, cont) in enumerate(rows):
-                end = len(inp)
-                scored = logprobs[row, end - len(cont):end]  # (n, V): the positions predicting `cont`
+            for row, (_, (i, inp, cont)) in enumerate(batch):
+                scored = logprobs[row, len(inp) - len(cont):len(inp)]  # (n, V): the positions predicting cont
                 target = torch.tensor(cont, device=self._device)
-                total = scored.gather(1, target[:, None]).sum().item()
-                greedy = bool((scored.argmax(dim=-1) == target).all())
-                results[i] = (total, greedy)
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+                totals[i] += scored.gather(1, target[:, None]).sum().item()
+                greedy[i] &= bool((scored.argmax(dim=-1) == target).all())
+        self._note_what_did_not_fit([r for r in requests if r[0] is not None])
+        results = list(zip(totals, greedy, strict=True))
+        for (pair, _, _), result in zip(requests, results, strict=True):
+            if pair is not None:
+                self.cache_hook.add_partial("loglikelihood", pair, result)
         return results
 
+    def _rows(self, context: list[int], continuation: list[int]) -> list[tuple[list[int], list[int]]]:
+        """(input ids, the continuation ids its last positions predict) rows that score `continuation` after
+        `context`, each input at most block_size ids. A continuation that fits is one row: the last block_size
+        ids of context + continuation (minus the final one), the context cut to its tail where it must be. A
+        longer one is split as rolling log-likelihood splits a document: its first block_size ids after the
+        context's last id, then windows of block_size ids, each predicting ids no earlier one did."""
+        L = self.max_length
+        pairs = [(context, continuation)]
+        if len(continuation) > L:
+            windows = get_rolling_token_windows(token_list=continuation, prefix_token=context[-1],
+                                                max_seq_len=L, context_len=1)
+            pairs = [make_disjoint_window(w) for w in windows]
+        return [((ctx + cont)[-(L + 1):-1], cont) for ctx, cont in pairs if cont]
+
+    def _note_what_did_not_fit(self, requests: list[TokenRequest]) -> None:
+        """One line each, once per run, for the requests the model's context could not hold whole."""
+        L, n = self.max_length, len(requests)
+        cut = sum(len(ctx) + len(cont) > L + 1 for _, ctx, cont in requests)
+        long = sum(len(cont) > L for _, _, cont in requests)
+        if cut:
+            log.warning("note: %d of %d requests have more context than the model's %d tokens; each was "
+                        "scored from the last tokens that fit", cut, n, L)
+        if long:
+            log.warning("note: %d of %d continuations are longer than the model's %d tokens; each was scored "
+                        "in windows of %d tokens, as a rolling log-likelihood is", long, n, L, L)
+
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        """Every token of each text scored once, with as much context as fits (lm-eval's rolling windows)."""
-        out = []
-        for request in requests:
-            (text,) = request.args
-            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length, context_len=1)]
-            scores = self._loglikelihood_tokens([(None, ctx, cont) for ctx, cont in windows])
-            total = sum(logprob for logprob, _ in scores)
+        """Every token of each text scored once, with as much context as fits: the text as one continuation
+        of <|endoftext|>, in lm-eval's rolling windows (`_rows`)."""
+        texts = [request.args[0] for request in requests]
+        scores = self._loglikelihood_tokens([(None, [self.prefix_token_id], self.tok_encode(text))
+                                             for text in texts])
+        for text, (total, _) in zip(texts, scores, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", (text,), total)
-            out.append(total)
-        return out
+        return [total for total, _ in scores]
 
     # -------------------------------------------------------------------------------------------- generation
 
@@ -174,8 +217,15 @@ def _batch_size(value: int | str | None, cap: int | None) -> int:
     """lm-eval's --batch_size: a number, or `auto`, here DEFAULT_BATCH_SIZE rows (no search for the largest
     that fits: these models are small) or fewer if lm-eval's --max_batch_size says so."""
     if value is None or str(value).startswith("auto"):
-        return min(DEFAULT_BATCH_SIZE, cap or DEFAULT_BATCH_SIZE)
-    return max(1, int(value))
+        return min(DEFAULT_BATCH_SIZE, _whole_number("max_batch_size", cap) if cap else DEFAULT_BATCH_SIZE)
+    return max(1, _whole_number("batch_size", value))
+
+
+def _whole_number(key: str, value: int | str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"{key}={value!r} is not a whole number") from None
 
 
 def _batches(items: list, size: int, key) -> Iterator[list[tuple[int, object]]]:

@@ -12,4 +12,6 @@
     pe_plots.py         scripts/pe_plots.py: positional encodings drawn
     loss_curves.py      scripts/loss_curves.py: training curves of several runs, read from TensorBoard files
     temperature.py      scripts/temperature.py: one next-token distribution at several temperatures
+    tricks.py           scripts/tricks_report.py: the technique screen's rounds, each arm against its control
+    generated_docs.py   scripts/update_docs.py: the files under docs/ the tools write, made afresh
 """

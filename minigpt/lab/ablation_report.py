@@ -66,7 +66,8 @@ ROWS = {
         "model then fails.", ("train", "greedy")),
     "no_attn_scale": Row(
         "No 1/√D", "with head size 64 the raw scores spread 8 times wider, the softmax saturates to "
-        "nearly one-hot rows, its derivative p(1 - p) vanishes and W_Q, W_K stop learning.",
+        "nearly one-hot rows, its Jacobian diag(p) - p pᵀ (every entry, not only the diagonal p(1 - p)) "
+        "vanishes and W_Q, W_K stop learning.",
         ("entropy", "grads"),
         "The entropy shows the saturation; the loss pays less, because the rows whose two best scores "
         "nearly tie keep their gradient (tests/model/test_ablation_predictions.py: with unit-variance q "
@@ -93,13 +94,33 @@ ROWS = {
         "No final norm", "the head reads the raw residual stream, whose scale is whatever the blocks "
         "made it, instead of a normalised one.", ()),
     "post_norm": Row(
-        "Post-norm", "the original Transformer's data flow, Norm(x + Sublayer(x)), normalises the skip path "
-        "after every sublayer, so the stream's magnitude is reset each time, and a normalised x on the skip "
-        "path loses the absolute strength of its features. Pre-norm leaves x untouched.", ("grads",),
+        "Post-norm", "the original Transformer's norm placement, Norm(x + Sublayer(x)), normalises the skip "
+        "path after every sublayer, so the stream's magnitude is reset each time, and a normalised x on the "
+        "skip path loses the absolute strength of its features. Pre-norm leaves x untouched.", ("grads",),
         "At the lab's learning rate (3e-3 after 30 warmup steps) the post-norm stack falls into the unigram "
         "solution early and its first blocks then get almost no gradient; rerun with optim.lr=1e-3 "
         "optim.warmup_steps=100 it does learn, more slowly than the baseline. Post-norm needs the gentle "
         "start that pre-norm makes unnecessary (Xiong et al., 2020)."),
+    "batchnorm": Row(
+        "BatchNorm", "normalising each channel over the batch's tokens instead of each token over its "
+        "channels ties every token to the rest of its batch: in training its output depends on the other "
+        "sequences and on its own future (through the batch mean), and in eval running averages of the "
+        "training batches stand in for the statistics it was trained with.", ("train",),
+        "With 1,024 tokens per batch the statistics barely move from batch to batch, and every validation "
+        "window has the training length, so neither failure shows at this scale; "
+        "tests/model/test_why_norm.py shows both (another sequence moves a token's output, and 4x longer "
+        "windows move the eval logits)."),
+    "one_head": Row(
+        "One head", "one head of size 128 instead of two of 64 (the same parameters): one softmax per query "
+        "instead of two, so a position attends to one mixture of the earlier tokens where two heads attend "
+        "to two, each free to look elsewhere.", ("entropy",),
+        "Next-token prediction at this size seldom needs two things at once from one layer; "
+        "tests/model/test_why_heads.py builds a target that needs three, which three heads learn and one "
+        "does not."),
+    "dropout": Row(
+        "Dropout", "dropout (0.1 here, GPT-2's rate) makes the model spread what it knows over its units, "
+        "which keeps it from memorising a small training set; a run that sees each token about once has "
+        "nothing to memorise, so here it can only slow learning.", ("train",)),
     # what helps: the techniques of record-setting small-GPT runs (docs/tricks.md: on the default run)
     "qk_norm": Row(
         "QK-norm", "(record-setting small-GPT runs) normalising queries and keys bounds every score, so "

@@ -8,6 +8,9 @@
     SpeedrunConfig       scripts/speedrun.py        configs/speedrun.yaml        lab/speedrun.py
     AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
     ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
+    TricksReportConfig   scripts/tricks_report.py   configs/tricks_report.yaml   lab/tricks.py
+    DecodingDocConfig    scripts/decoding_doc.py    configs/decoding_doc.yaml    lab/bench/report_decoding.py
+    UpdateDocsConfig     scripts/update_docs.py     configs/update_docs.yaml     lab/generated_docs.py
 """
 
 from __future__ import annotations
@@ -137,3 +140,42 @@ class ScalingConfig:
     sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
     docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
     doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers
+
+
+@dataclass
+class TricksReportConfig:
+    """Root of `configs/tricks_report.yaml` (`scripts/tricks_report.py`): a round of the technique screen."""
+
+    runs: str | None = None  # the folder of arms, <arm>/s<seed>/, each a run of scripts/train.py
+    round: str | None = None  # the name of the round those arms are
+    controls: dict[str, str] = field(default_factory=dict)  # +controls.<arm>=<control>: an equal-time arm's
+    bench: str | None = None  # a bench JSON with the techniques section: the step-time column
+    render: bool = False  # read no runs: rewrite every round's table in `doc` from `results`
+    results: str = "docs/tricks.json"  # every round's numbers, by name
+    doc: str = "docs/tricks.md"  # the page holding each round's table between its markers
+
+    def __post_init__(self) -> None:
+        if self.render and (self.runs or self.round):
+            raise UserError("render=true reads no runs: drop runs= and round= (or render=true)")
+
+    def arms(self) -> tuple[str, str]:
+        """(runs, round), which have no defaults; UserError without them."""
+        if not (self.runs and self.round):
+            raise UserError(f"give the arms and their round, runs=<folder> round=<name> (got "
+                            f"runs={self.runs} round={self.round}), or render=true")
+        return self.runs, self.round
+
+
+@dataclass
+class DecodingDocConfig:
+    """Root of `configs/decoding_doc.yaml` (`scripts/decoding_doc.py`): docs/decoding.md, rendered."""
+
+    results: str = "docs/decoding.json"  # `python scripts/bench.py 'only=[decoding]' json_out=...`
+    doc: str = "docs/decoding.md"  # the page whose block between the bench markers is rendered
+
+
+@dataclass
+class UpdateDocsConfig:
+    """Root of `configs/update_docs.yaml` (`scripts/update_docs.py`): what the tools write under docs/."""
+
+    check: bool = False  # write nothing: fail in one line naming the generated files that are stale

@@ -31,13 +31,33 @@ COMMON = ("trainer.seed=", "trainer.max_steps=", "trainer.eval_every=", "trainer
           "trainer.ckpt_every=", "logging.", "device.type=")
 
 
+def read_json(file: Path, what: str) -> dict:
+    """The JSON object in `file`; UserError naming the file when it is missing, damaged or not `what`."""
+    try:
+        doc = json.loads(Path(file).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{file} does not exist ({what} expected there)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{file} cannot be read as {what}: {e}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{file} holds no JSON object; it is not {what}")
+    return doc
+
+
 def _read_run(run: Path) -> tuple[list[str], dict]:
-    meta = json.loads((run / "checkpoints" / "last" / "meta.json").read_text())
-    overrides = [line.removeprefix("- ").strip() for line in
-                 (run / ".hydra" / "overrides.yaml").read_text().splitlines() if line.startswith("- ")]
-    change = [o for o in overrides if not o.startswith(COMMON)]
-    return change, {"val_loss": meta["val_loss"], "bits_per_byte": meta["val_bpb"], "step": meta["step"],
-                    "train_seconds": meta["train_seconds"], "eval_tokens": meta["eval"]["eval_tokens"]}
+    file = run / "checkpoints" / "last" / "meta.json"
+    meta = read_json(file, "a finished run's meta.json")
+    try:
+        result = {"val_loss": meta["val_loss"], "bits_per_byte": meta["val_bpb"], "step": meta["step"],
+                  "train_seconds": meta["train_seconds"], "eval_tokens": meta["eval"]["eval_tokens"]}
+    except (KeyError, TypeError) as e:
+        raise UserError(f"{file} lacks {e}: not the meta.json of a run of scripts/train.py") from None
+    overrides = run / ".hydra" / "overrides.yaml"
+    if not overrides.is_file():
+        raise UserError(f"{run} has no .hydra/overrides.yaml (not a run folder of scripts/train.py)")
+    lines = [line.removeprefix("- ").strip() for line in overrides.read_text().splitlines()
+             if line.startswith("- ")]
+    return [o for o in lines if not o.startswith(COMMON)], result
 
 
 def collect(root: Path, controls: dict[str, str] | None = None) -> dict:
@@ -139,3 +159,61 @@ def page_block(text: str, round_name: str) -> str:
     """The text between round `round_name`'s markers (what `replace_block` wrote)."""
     begin, end = markers(round_name)
     return text.split(begin, 1)[1].split(end, 1)[0].strip("\n")
+
+
+def step_ratios(bench_json: Path | None, arms: dict) -> dict[str, float]:
+    """Each arm's step time relative to the default's, from the bench's techniques section (`python
+    scripts/bench.py 'only=[techniques]' json_out=...`), for the arms named `<prefix>_<technique>`."""
+    if bench_json is None:
+        return {}
+    bench = read_json(bench_json, "a bench JSON")
+    try:
+        rows = bench["sections"]["techniques"]["rows"]
+    except (KeyError, TypeError):
+        raise UserError(f"{bench_json} has no techniques section (python scripts/bench.py "
+                        "'only=[techniques]' json_out=...)") from None
+    found = {}
+    for arm in arms:
+        technique = arm.split("_", 1)[-1]
+        if technique in rows:  # the CPU-time ratio where the bench has it (steady on a shared machine)
+            found[arm] = rows[technique].get("cpu_ratio", rows[technique]["ratio"])
+    return found
+
+
+def write_round(name: str, doc: dict, results: Path, page: Path) -> list[Path]:
+    """Round `name` of the screen (`collect`'s dict, its step ratios filled in) into `results` (the other
+    rounds there kept) and its table into `page`, between its markers; returns what was written. Everything
+    is read and checked before anything is written."""
+    text = _page_with_markers(page, [name])
+    saved = read_json(results, "the screen's JSON") if results.is_file() else {"rounds": {}}
+    saved.setdefault("rounds", {})[name] = doc
+    text = replace_block(text, name, render_block(doc))
+    results.write_text(json.dumps(saved, indent=1) + "\n")
+    page.write_text(text)
+    return [results, page]
+
+
+def render_rounds(results: Path, page: Path) -> list[Path]:
+    """Every round of `results` rewritten as its table in `page` (nothing else read); returns the page."""
+    rounds = read_json(results, "the screen's JSON").get("rounds")
+    if not isinstance(rounds, dict) or not rounds:
+        raise UserError(f"{results} holds no rounds to render ({{\"rounds\": {{name: round}}}})")
+    text = _page_with_markers(page, list(rounds))
+    for name, doc in rounds.items():
+        try:
+            block = render_block(doc)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:  # a hand-edited or damaged JSON
+            raise UserError(f"{results}: round {name!r} is not what a report writes ({e!r})") from None
+        text = replace_block(text, name, block)
+    page.write_text(text)
+    return [page]
+
+
+def _page_with_markers(page: Path, names: list[str]) -> str:
+    """The text of `page`; UserError unless it holds the markers of every round in `names`."""
+    text = page.read_text() if page.is_file() else ""
+    for name in names:
+        begin, end = markers(name)
+        if begin not in text or end not in text:
+            raise UserError(f"{page} has no {begin} ... {end} markers to write the table between")
+    return text

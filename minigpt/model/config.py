@@ -3,7 +3,8 @@
 Besides the architectural choices it holds the *ablation switches*: each removes one piece the
 design defends (the causal mask, the 1/√D scale, the positional encoding, the residual path,
 the final norm), each is off by default (the field's default keeps the piece), and each is named for
-what it removes. They exist so that a run can show what breaks (configs/experiment/ablation/, `make
+what it removes. `model.norm=batchnorm` is one too: it swaps the per-token norm for the per-channel one a
+transformer avoids. They exist so that a run can show what breaks (configs/experiment/ablation/, `make
 ablation`); `ablation_warnings` says in words what a model built with them gave up.
 
 Beside them stand the *technique switches*: pieces that record-setting small-GPT training runs add (QK-norm,
@@ -21,7 +22,7 @@ from minigpt.errors import UserError
 # none and integer are ablations: no position at all, or the raw index added to every channel
 POS_ENCODINGS = ("sinusoidal", "learned", "rope", "none", "integer")
 ABLATION_POS_ENCODINGS = ("none", "integer")
-NORMS = ("layernorm", "rmsnorm")
+NORMS = ("layernorm", "rmsnorm", "batchnorm")  # batchnorm is an ablation: statistics over the batch
 NORM_PLACEMENTS = ("pre", "post")
 ACTIVATIONS = ("relu", "relu2", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_BACKENDS = ("math", "sdpa", "online")
@@ -190,6 +191,12 @@ def ablation_warnings(cfg: ModelConfig) -> list[str]:
     if not cfg.final_norm:
         lines.append("model.final_norm=false: the raw residual stream, whose scale grows with depth, "
                      "goes straight to the output head")
+    if cfg.norm == "batchnorm":
+        lines.append(
+            "model.norm=batchnorm normalises each channel over the batch's tokens: in training a token's "
+            "output depends on the other sequences of its batch and on its own future (the batch mean "
+            "includes later tokens), and in eval on running averages of the training batches instead"
+        )
     return lines
 
 

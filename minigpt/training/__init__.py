@@ -1,21 +1,20 @@
-"""Training: `train(cfg, out_dir)` turns a TrainConfig into a trained checkpoint.
+"""Training: the loop that turns a TrainConfig into a trained model (the Trainer), and what it calls.
 
 Read in this order (the loop first, then what it calls, in the order a step meets it):
-    config.py       TrainConfig and its sections (optim, trainer, logging), the YAML keys; no torch
-    trainer.py      `train()` and the Trainer: build everything, then the loop (evaluate, step, log, save)
-    resume.py       where a run starts: its seeds, a checkpoint it continues, or a model it fine-tunes
-    same_run.py     resuming continues the same run: another model or data is refused, a new course warned
-    step.py         one optimizer step: accumulate gradients, clip, update; the guard against divergence
-    optim.py        AdamW's parameter groups and the learning-rate schedule (the only place it lives)
-    budget.py       when the run ends (steps and/or training time) and the clock that measures it (MFU)
-    evaluation.py   validation loss and bits per byte on fixed windows, samples, attention images
-    reporting.py    the progress bar or plain lines, and TensorBoard's fixed metric names
-    run_folder.py   nothing is written into a run folder before every check passes; one training per folder
-    dist_env.py     this process's place in a multi-process run, read from its launcher (no torch)
-    distributed.py  the process group, its collectives, and the model under DDP or FSDP2
-    peers.py        when a rank dies: the survivors name it, and the last intact checkpoint, in one line
-    launch.py       how scripts/train.py runs as one process or one rank of many (torchrun, srun, submitit)
+    config.py           TrainConfig and its sections (optim, trainer, logging), the YAML keys; no torch
+    trainer.py          the Trainer: build everything, then the loop (evaluate, step, log, save)
+    start.py            where the run starts: scratch, a checkpoint it continues, or a model it fine-tunes
+    seeding.py          the run's random streams: seeded, saved with each checkpoint, restored on resume
+    step.py             one optimizer step: accumulate gradients, clip, update; the guard against divergence
+    optim.py            the optimizer's parameter groups and the learning-rate schedule (its only home)
+    muon.py             Muon for the blocks' matrices, AdamW for the rest, in one optimizer
+    budget.py           when the run ends (steps, training time, tokens, FLOPs) and the clock that measures it
+    batch_schedule.py   each step's batch: batch-size and sequence-length warmup
+    evaluation.py       validation loss and bits per byte on fixed windows, samples, attention images
+    reporting.py        the progress bar or plain lines, and TensorBoard's fixed metric names
 
 Only rank 0 writes (logs, TensorBoard, checkpoints); every decision that ends or changes a step (stop, skip,
-save `best`) is taken by all ranks together. The checkpoint files themselves are `minigpt/checkpoint/`'s.
+save `best`) is taken by all ranks together. Around the loop: `train(cfg, out_dir)`, the run kept safe
+(its folder, where it starts, the same run when resumed) is minigpt/runs/; several processes are
+minigpt/cluster/'s; the checkpoint files themselves are minigpt/checkpoint/'s.
 """

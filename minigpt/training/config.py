@@ -18,7 +18,7 @@ from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.training.budget import parse_duration
 
-STRATEGIES = ("ddp", "fsdp")  # see training/distributed.py
+STRATEGIES = ("ddp", "fsdp")  # see cluster/distributed.py
 NONFINITE_POLICIES = ("stop", "skip")
 SCHEDULES = ("cosine", "wsd")  # see training/optim.py
 OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
@@ -127,7 +127,7 @@ class TrainerConfig:
     ckpt_every: int = 100  # `last` checkpoint; also written at the end
     resume: str | None = None  # a checkpoint or run folder, or `auto`: this run folder's latest checkpoint
     # Fine-tune: start from the weights, model config and tokenizer of a checkpoint, run folder or Hugging
-    # Face GPT-2 folder, at step 0 with a fresh optimizer (training/resume.py). None: from scratch.
+    # Face GPT-2 folder, at step 0 with a fresh optimizer (training/start.py). None: from scratch.
     init_from: str | None = None
     seed: int = 1337
     # Under torchrun: ddp (every rank holds the whole model) | fsdp (FSDP2: parameters, gradients and

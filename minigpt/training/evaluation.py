@@ -12,15 +12,15 @@ import numpy as np
 import torch
 from torch import nn
 
+from minigpt.cluster import distributed
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.eval_windows import EvalWindows, eval_batches, eval_windows
 from minigpt.data.shards import TokenSplit
 from minigpt.data.tokenizers import Tokenizer
 from minigpt.device.runtime import Runtime
 from minigpt.inspect.perplexity import Score, score_batches
 from minigpt.sampling.decode import sample_text
-from minigpt.training import distributed
 from minigpt.training.config import LoggingConfig
-from minigpt.training.dist_env import DistEnv
 
 
 class Evaluation:

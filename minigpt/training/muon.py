@@ -25,14 +25,23 @@ Muon is for the hidden layers' matrices only. The embeddings (a row moves only w
 orthogonalising across rows means nothing), the output head (its rows are per-token scores, like an
 embedding's), the norms' gains, biases and the little gates are trained by AdamW (torch's own functional
 implementation, fused), as in every Muon recipe. `build_optimizer` (optim.py) makes the split.
+
+Under DDP or FSDP2 each matrix is orthogonalised by one rank only, from the whole momentum, and the result
+sent to the others (minigpt/cluster/whole_matrices.py); the momentum and the update are elementwise and stay
+here, applied by every rank to the rows it holds.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
+
+from minigpt.cluster.distributed import local_tensor
+from minigpt.cluster.whole_matrices import on_owners
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.: the largest slope at 0 that still converges
 NS_EPS = 1e-7  # keeps a zero gradient (a parameter that got none) from dividing by zero
@@ -57,6 +66,13 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return (x.t() if tall else x).to(g.dtype)
 
 
+def newton_schulz_flops(shape: tuple[int, int]) -> int:
+    """FLOPs of one Newton-Schulz iteration on an (m, n) matrix: with r = min(m, n), k = max(m, n),
+    X Xᵀ (2 r² k), its square (2 r³) and the product with X (2 r² k), as `orthogonalize` computes them."""
+    r, k = min(shape), max(shape)
+    return 4 * r * r * k + 2 * r**3
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the groups marked `muon=True`, AdamW on the others.
 
@@ -64,15 +80,21 @@ class MuonAdamW(torch.optim.Optimizer):
     betas, eps (the meaning torch.optim.AdamW gives them). The state is torch's: `momentum_buffer` for a
     Muon matrix, `step`, `exp_avg`, `exp_avg_sq` for an AdamW parameter, so checkpoints save and restore it
     like any optimizer's.
+
+    `over_ranks` (DDP or FSDP2) shares the orthogonalisations out, each matrix to one rank (`on_owners`);
+    False in one process, where every matrix is orthogonalised here.
     """
 
-    def __init__(self, groups: list[dict]) -> None:
+    def __init__(self, groups: list[dict], over_ranks: bool = False) -> None:
         defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, momentum=0.95, ns_steps=5, betas=(0.9, 0.95),
                         eps=1e-8)
         super().__init__(groups, defaults)
+        self.over_ranks = over_ranks
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon groups hold matrices only")
+            if group["muon"] and not over_ranks and any(isinstance(p, DTensor) for p in group["params"]):
+                raise ValueError("a shard is not orthogonalised alone: FSDP2 needs over_ranks=True")
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -89,17 +111,27 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict, params: list[torch.Tensor]) -> None:
+        """Under FSDP2 `local_tensor` is the rows this rank holds (of the weight, its gradient, its momentum,
+        all sharded alike), and `p.shape` the whole matrix's."""
         lr, mu = group["lr"], group["momentum"]
+        nesterovs = []
         for p in params:
             state = self.state[p]
             if "momentum_buffer" not in state:
                 state["momentum_buffer"] = torch.zeros_like(p)
-            m = state["momentum_buffer"]
-            m.lerp_(p.grad, 1 - mu)  # M <- μ M + (1 - μ) G
-            nesterov = p.grad.lerp(m, mu)  # G + μ (M - G)
-            update = orthogonalize(nesterov, group["ns_steps"])
-            p.mul_(1 - lr * group["weight_decay"])
-            p.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
+            m, grad = local_tensor(state["momentum_buffer"]), local_tensor(p.grad)
+            m.lerp_(grad, 1 - mu)  # M <- μ M + (1 - μ) G
+            nesterovs.append(grad.lerp(m, mu))  # G + μ (M - G)
+        steps = group["ns_steps"]
+        if self.over_ranks:
+            costs = [steps * newton_schulz_flops((p.shape[0], p.shape[1])) for p in params]
+            updates = on_owners(partial(orthogonalize, steps=steps), params, nesterovs, costs)
+        else:
+            updates = [orthogonalize(nesterov, steps) for nesterov in nesterovs]
+        for p, update in zip(params, updates, strict=True):
+            w = local_tensor(p)
+            w.mul_(1 - lr * group["weight_decay"])
+            w.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
 
     def _adamw_step(self, group: dict, params: list[torch.Tensor]) -> None:
         device = params[0].device

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from minigpt.errors import UserError
+from minigpt.cluster.whole_matrices import communication_bytes
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW
@@ -62,12 +62,14 @@ def param_groups(model: nn.Module, weight_decay: float, embed_lr_scale: float | 
     return groups
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu") -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu", world_size: int = 1
+                    ) -> torch.optim.Optimizer:
     """AdamW over `param_groups`, fused on CUDA and CPU: one kernel updates all parameters in one pass
     over their memory, where the default implementation loops over them in Python (docs/performance.md).
-    optim.name=muon: `build_muon`."""
+    optim.name=muon: `build_muon`. AdamW's update is elementwise, so under DDP or FSDP2 (`world_size` > 1)
+    each rank updates what it holds; Muon's is not, and shares its work out over the ranks."""
     if cfg.name == "muon":
-        return build_muon(model, cfg)
+        return build_muon(model, cfg, world_size)
     groups = [{**g, "lr": cfg.lr * g["lr_scale"]}
               for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
     n_decay = sum(p.numel() for p in groups[0]["params"])
@@ -89,15 +91,13 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
             if name.startswith("transformer.h.") and p.dim() == 2 and min(p.shape) > 1 and p.requires_grad]
 
 
-def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
+def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonAdamW:
     """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
-    the embedding tables at optim.embed_lr when it is set).
+    the embedding tables at optim.embed_lr when it is set). With several processes (`world_size`: DDP, or
+    FSDP2's shards) each matrix is orthogonalised by one rank (minigpt/cluster/whole_matrices.py).
 
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
-    if any(isinstance(p, DTensor) for p in matrices):
-        raise UserError("optim.name=muon (the default) orthogonalises whole matrices and cannot train FSDP "
-                        "shards; use optim=adamw with trainer.strategy=fsdp, or trainer.strategy=ddp")
     muon_ids = {id(p) for p in matrices}
     adam_groups = [{**g, "params": [p for p in g["params"] if id(p) not in muon_ids]}
                    for g in param_groups(model, cfg.weight_decay, cfg.embed_lr_scale)]
@@ -109,7 +109,15 @@ def build_muon(model: nn.Module, cfg: OptimConfig) -> MuonAdamW:
             "weight_decay": cfg.weight_decay, "momentum": cfg.muon_momentum, "ns_steps": cfg.muon_ns_steps}
     adam = [{**g, "lr": cfg.lr * g["lr_scale"], "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
             for g in adam_groups if g["params"]]
-    return MuonAdamW([muon, *adam])
+    if world_size == 1 or not matrices:
+        return MuonAdamW([muon, *adam])
+    sharded = any(isinstance(p, DTensor) for p in matrices)
+    sent = communication_bytes([(p.shape[0], p.shape[1]) for p in matrices], world_size, sharded,
+                               matrices[0].element_size())
+    route = "its FSDP2 rows gathered there and scattered back" if sharded else "then broadcast"
+    log.info("Muon over %d ranks: each matrix orthogonalised by one of them (%s), %s bytes per step",
+             world_size, route, f"{sent:,}")
+    return MuonAdamW([muon, *adam], over_ranks=True)
 
 
 def lr_multiplier(step: int, progress: float, *, warmup_steps: int, schedule: str, min_lr_ratio: float,

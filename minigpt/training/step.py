@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import torch
 
+from minigpt.cluster import distributed
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.device.runtime import Runtime
 from minigpt.errors import UserError
-from minigpt.training import distributed
 from minigpt.training.config import TrainerConfig
-from minigpt.training.dist_env import DistEnv
+from minigpt.training.seeding import forked_random_streams
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +100,12 @@ class DivergenceGuard:
         update) and skip the update of a step whose loss is not finite on any rank; one that explodes
         still stops the run.
 
-    Before a checkpoint is written, `check_weights` makes sure its weights are finite and give a loss that has
-    not diverged on the latest batch (the loss the next step would see): `last` and `best` always hold a
-    model that can train on.
+    Before a checkpoint is written, `check_weights` makes sure its weights are finite and give a training
+    loss that has not diverged on the latest batch (the loss the next step would see): `last` and `best`
+    always hold a model that can train on. That loss is computed as the steps compute theirs, in training
+    mode, so it is compared like with like: a model whose two modes differ by design (one trained without
+    the causal mask is causal in eval mode only, and copies the next token in training) has an eval-mode loss
+    far above its training losses without having diverged.
     """
 
     def __init__(self, policy: str, ratio: float | None, vocab_size: int, device: torch.device,
@@ -149,14 +153,16 @@ class DivergenceGuard:
     def check_weights(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor] | None,
                       runtime: Runtime, step: int, env: DistEnv, on_disk: Callable[[], str]) -> None:
         """Before a checkpoint of step `step`: raise DivergenceError (on every rank) unless the weights are
-        finite and their loss on `batch` (eval mode: no dropout, no RNG drawn) has not diverged. Under FSDP
-        the forward is a collective: every rank calls this."""
+        finite and their training loss on `batch` has not diverged from the best training loss. Training
+        mode, as the steps have it (the class docstring says why); its dropout draws come from forked random
+        streams, so the run's own streams go on as if it had not been computed. Under FSDP the forward is a
+        collective: every rank calls this."""
         loss = math.nan
         finite = all(bool(torch.isfinite(distributed.local_tensor(p)).all()) for p in model.parameters())
         if finite and batch is not None:
             was_training = model.training
-            model.eval()
-            with torch.no_grad(), runtime.autocast():
+            model.train()
+            with torch.no_grad(), forked_random_streams(runtime.device), runtime.autocast():
                 _, probe = model(*batch, return_logits=False)
             model.train(was_training)
             loss = float(probe)

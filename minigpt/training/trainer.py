@@ -1,21 +1,24 @@
-"""The training loop: `train(cfg, out_dir)` prepares the data, builds the model, and optimises it.
+"""The training loop: the Trainer prepares the data, builds the model, and optimises it (`fit`).
 
 One *step* is one optimizer update over `grad_accum_steps` micro-batches; every counter, schedule and
 TensorBoard x-axis uses it. The hot path (micro-batches, backward, clip, update) never waits for the device:
 the loss and the gradient norm stay tensors, read (`.item()`, a host sync) only every `log_every` steps.
 
-Under torchrun (`env`, see `distributed.py` and `launch.py`) every rank runs this same loop on its own data
-stream; the model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and
-`tokens_per_step` counts every rank's tokens. The ranks take every decision together (stop, skip, save
-`best`), so no rank waits for a collective the others never reach. A stop signal (SIGINT, SIGTERM, SIGHUP,
-SIGUSR1, SIGUSR2) ends the run after the current step, with a checkpoint (`minigpt/signals.py`); a diverging
-loss ends it before anything diverged is written (`step.DivergenceGuard`). The run ends when its budget is
+Under torchrun (`env`, see minigpt/cluster/) every rank runs this same loop on its own data stream; the
+model is wrapped for DDP or FSDP2, only rank 0 writes (checkpoints, TensorBoard), and `tokens_per_step`
+counts every rank's tokens. The ranks take every decision together (stop, skip, save `best`), so no rank
+waits for a collective the others never reach. A stop signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2) ends
+the run after the current step, with a checkpoint (`minigpt/signals.py`); a diverging loss ends it before
+anything diverged is written (`step.DivergenceGuard`). The run ends when its budget is
 used (`budget.py`: `trainer.max_steps` steps, `trainer.max_time` of training time on rank 0's clock,
 `trainer.max_tokens` tokens, `trainer.max_flops` model FLOPs or `trainer.max_tokens_per_param`, the first one
 reached); the lr of each step follows the share of the budget used (`optim.LRSchedule`). Neighbours:
-`resume.py` (where the run starts), `same_run.py` (what a resumed run may change), `budget.py` (also
-throughput, MFU and the training clock), `evaluation.py` (validation), `step.py` (one update), `reporting.py`
-(the progress bar or lines, TensorBoard), `peers.py` (a rank that dies).
+`start.py` (where the run starts), `seeding.py` (its random streams), `step.py` (one update), `optim.py` (the
+optimizer and the lr schedule), `budget.py` (also throughput, MFU and the training clock), `evaluation.py`
+(validation), `reporting.py` (the progress bar or lines, TensorBoard).
+
+A training run is more than its loop: `minigpt.runs.train.train(cfg, out_dir)` claims the run folder, works
+out where the run starts (and refuses a resume into another run), builds the Trainer and calls `fit`.
 """
 
 from __future__ import annotations
@@ -34,23 +37,22 @@ from omegaconf import OmegaConf
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.contents import Progress, machine_record, training_meta, training_state
+from minigpt.cluster import distributed
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.loader import BatchLoader
-from minigpt.data.prepare import GivenTokenizer
+from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.runtime import peak_flops, resolve_runtime
-from minigpt.errors import UserError
 from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
 from minigpt.signals import GracefulStop, signal_name
-from minigpt.training import distributed, peers, resume, same_run
 from minigpt.training.batch_schedule import BatchSchedule
 from minigpt.training.budget import Budget, ThroughputMeter, format_count, format_duration
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation, peak_memory_gib
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.reporting import ProgressDisplay, TensorBoardLogger, is_terminal
-from minigpt.training.resume import fine_tuning, rng_state, seed_everything, seed_rank_stream
-from minigpt.training.run_folder import RunFolder
+from minigpt.training.seeding import rng_state, seed_everything, seed_rank_stream
+from minigpt.training.start import SCRATCH, Start, load_for_resume, restore
 from minigpt.training.step import DivergenceGuard, accumulate_gradients, grad_accum_steps, optimizer_step
 
 log = logging.getLogger(__name__)
@@ -77,79 +79,47 @@ class TrainResult:
     stop_signal: int | None = None  # the signal that stopped it (interrupted), as the ranks agreed on it
 
 
-def train(cfg: TrainConfig, out_dir: Path, *, env: DistEnv | None = None,
-          record_files: dict[str, str] | None = None) -> TrainResult:
-    """Train per `cfg`, writing checkpoints and TensorBoard logs under `out_dir` (rank 0 only).
-
-    `env` is this process's place in a torchrun job, whose process group is already initialised; None: alone.
-    `record_files` (relative path -> text, e.g. the script's .hydra/ configs) are written into `out_dir` once
-    the run has passed every check: a refused run leaves the folder as it was (run_folder.py).
-    """
-    env = env or DistEnv()
-    run = RunFolder(Path(out_dir), enabled=env.is_main, record_files=record_files)
-    trainer: Trainer | None = None
-    peers.next_train_call()
-    try:
-        refusal = distributed.broadcast_object(run.claim(), env)  # rank 0 locks; all stop if it cannot
-        if refusal is not None:
-            raise UserError(refusal)
-        trainer = Trainer(cfg, run, env=env)  # every other refusal: here, before anything is written
-        run.accept()
-        if env.is_main:
-            ckpt.remove_stale_temporaries(run.path / "checkpoints")  # left by a crash mid-write
-        return trainer.fit()
-    except BaseException as e:
-        if not env.enabled:
-            raise
-        if peers.is_peer_failure(e):  # another rank is gone: say which, in one line (peers.py)
-            step = trainer.progress.step if trainer is not None else None
-            raise peers.lost_rank_error(e, env, run.path, step, run.log_to_file) from None
-        peers.report_own_failure(env)  # this rank's own line says why; the others stay quiet
-        raise
-    finally:
-        run.release()
-
-
 class Trainer:
-    """Holds the run's state, all of it built in `__init__` (and resumed, if asked); `fit()` runs the loop.
+    """Holds the run's state, all of it built in `__init__` from `start` (start.py: from scratch, a
+    checkpoint it continues, or a model it fine-tunes); `fit()` runs the loop, writing under `out_dir`.
 
-    `clock` is the training clock's time source (seconds); tests inject a fake one to test time budgets
-    without waiting.
+    `check_folder` is called before each checkpoint is written: it raises if the run folder is no longer
+    this run's (minigpt/runs/run_folder.py). `clock` is the training clock's time source (seconds); tests
+    inject a fake one to test time budgets without waiting.
     """
 
-    def __init__(self, cfg: TrainConfig, run: RunFolder, *, env: DistEnv,
+    def __init__(self, cfg: TrainConfig, out_dir: Path, *, env: DistEnv, start: Start = SCRATCH,
+                 check_folder: Callable[[], None] = lambda: None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.is_main = env.is_main
         tc = cfg.trainer
-        resume_from = resume.resume_source(cfg, run.path, env)  # before any work: a bad path fails at once
-        cfg, init = fine_tuning(cfg, resume_from)  # trainer.init_from: the source's model config
-        saved = same_run.check_same_run(resume_from, cfg, env)  # another run: refused; a new course: warned
-        self.cfg, self.run, self.out_dir, self.env = cfg, run, run.path, env
-        self.resumed_from, self.resumed_step = resume_from, 0
+        self.cfg, self.out_dir, self.env, self.check_folder = cfg, Path(out_dir), env, check_folder
+        self.resumed_from, self.resumed_step = start.checkpoint, 0
         # the first log line: device, dtype and why. Rank 0 runs (and caches) the CPU dtype probe first, so
         # the other ranks read its result and every rank chooses alike.
         with distributed.main_process_first(env):
             self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank,
                                            probe_cache=Path(cfg.data.cache_dir))
-        if tc.resume == "auto" and resume_from is None:
-            log.info("trainer.resume=auto: no checkpoint in %s yet, starting from scratch", run.path)
         device = self.runtime.device
         seed_everything(tc.seed)
 
         # tqdm bars only where they redraw in place (see reporting.py)
         bars = self.is_main and cfg.logging.progress_bar and is_terminal(sys.stderr)
+        init = start.init  # a fine-tuning run's data is tokenised by its source's tokenizer
         tokenizer = cfg.tokenizer if init is None else GivenTokenizer.of(init.tokenizer(cfg.tokenizer))
         with distributed.main_process_first(env):  # rank 0 tokenises into the cache, the others reuse it
-            self.data = same_run.prepare_data(cfg.data, tokenizer, bars, saved, resume_from)
+            # a continued run's corpus must be the checkpoint's: another one is refused before it is prepared
+            self.data = prepare_dataset(cfg.data, tokenizer, Path(cfg.data.cache_dir), progress=bars,
+                                        expect_fingerprint=start.corpus)
         self.tokenizer = self.data.tokenizer
         vocab = self.tokenizer.vocab_size
         # build_model refuses a model.vocab_size below the tokenizer's
         self.model = build_model(cfg.model, vocab_size=vocab)
-        if init is not None and resume_from is None:
+        if init is not None and start.checkpoint is None:
             init.load_weights(self.model)
         self.model.to(device)
         seed_rank_stream(tc.seed, env.rank)
-        state = resume.load_for_resume(resume_from, self.model, cfg, env) if resume_from is not None else None
+        state = load_for_resume(start.checkpoint, self.model, cfg) if start.checkpoint is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
         # the training steps, while evaluation and sampling use `model`, so eval mode and growing sample
         # lengths trigger no recompilations.
@@ -160,7 +130,7 @@ class Trainer:
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size  # a full step's
         self.batches = BatchSchedule(tc, block, self.grad_accum_steps, env.world_size)
-        self.optimizer = build_optimizer(self.model, cfg.optim, device.type)
+        self.optimizer = build_optimizer(self.model, cfg.optim, device.type, env.world_size)
         flops_per_token = self.model.flops_per_token()
         self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops,
                              tc.max_tokens_per_param, self.tokens_per_step, flops_per_token,
@@ -181,9 +151,9 @@ class Trainer:
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
         self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
         if state is not None:
-            self.progress = resume.restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
+            self.progress = restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
             self.resumed_step = self.progress.step
-            log.info("resumed from %s at step %d (%s tokens seen, %s of training)", resume_from,
+            log.info("resumed from %s at step %d (%s tokens seen, %s of training)", start.checkpoint,
                      self.progress.step, f"{self.progress.tokens_seen:,}",
                      format_duration(self.progress.train_seconds))
         self.seconds_before = self.progress.train_seconds  # used before this process resumed the run
@@ -316,7 +286,7 @@ class Trainer:
 
     def _on_disk(self) -> str:
         """The end of a divergence message: the checkpoint to go on from, and how (every checkpoint written
-        passed `guard.check_weights`; one this run resumed from passed `resume.load_for_resume`'s check)."""
+        passed `guard.check_weights`; one this run resumed from passed `start.load_for_resume`'s check)."""
         lower = f"optim.lr={self.cfg.optim.lr / 10:.3g}"
         if self.last_saved is not None:
             ckpt, step = self.last_saved, self.last_saved_step
@@ -346,9 +316,9 @@ class Trainer:
             state = training_state(p, optimizer_state, self.scaler, self.loader, rng_states)
             meta = training_meta(p, self.cfg, self.model, self.tokenizer, self.data, self.env.world_size,
                                  self.evaluation.describe(), self.machine)
-            if self.env.job_id is not None:  # a requeued job resumes from it by itself (resume.resume_source)
+            if self.env.job_id is not None:  # a requeued job resumes from it by itself (runs/resume.py)
                 meta["job_id"] = self.env.job_id
-            self.run.check()  # a run folder deleted under the run: stop rather than write a new one elsewhere
+            self.check_folder()  # a run folder deleted under the run: stop rather than write one elsewhere
             folder = self.out_dir / "checkpoints" / name
             path = ckpt.save_checkpoint(folder, model, state, meta, self.tokenizer)
             if name == "last":

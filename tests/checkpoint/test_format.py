@@ -18,7 +18,7 @@ from minigpt.checkpoint.load import find_latest_checkpoint, load_model, resolve_
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
-from minigpt.training import resume
+from minigpt.training import seeding
 from minigpt.training.config import OptimConfig
 from minigpt.training.optim import build_optimizer
 
@@ -33,7 +33,7 @@ def _write(path: Path, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Opti
     model(x, x)[1].backward()
     opt.step()
     meta = {"step": 1, "model_config": {**CFG.__dict__, "vocab_size": 257}}
-    state = {"step": 1, "train_seconds": 0.5, "optimizer": opt.state_dict(), "rng": resume.rng_state()}
+    state = {"step": 1, "train_seconds": 0.5, "optimizer": opt.state_dict(), "rng": seeding.rng_state()}
     ckpt.save_checkpoint(path, model, state, meta, ByteTokenizer())
     return model, opt
 
@@ -63,9 +63,9 @@ def test_overwrite_is_atomic_and_leaves_no_temporaries(tmp_path: Path):
 
 
 def test_rng_state_round_trip():
-    state = resume.rng_state()
+    state = seeding.rng_state()
     expected = (random.random(), np.random.rand(), torch.rand(3))
-    resume.set_rng_state(state)
+    seeding.set_rng_state(state)
     again = (random.random(), np.random.rand(), torch.rand(3))
     assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
 

@@ -16,7 +16,7 @@ from cli_helpers import run_script
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
-from minigpt.training.trainer import train
+from minigpt.runs.train import train
 
 
 class Payload:

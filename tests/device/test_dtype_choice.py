@@ -132,7 +132,7 @@ def test_the_real_probe_is_quick_and_sane(tmp_path) -> None:
 @pytest.mark.slow
 def test_the_trainers_first_log_line_says_the_dtype_and_why(make_train_cfg, tmp_path, counting_measure,
                                                            caplog) -> None:
-    from minigpt.training.trainer import train
+    from minigpt.runs.train import train
 
     cfg = make_train_cfg("device.dtype=auto", "trainer.max_steps=1", "logging.sample_tokens=0")
     with caplog.at_level(logging.INFO):

@@ -11,8 +11,10 @@ from interop_helpers import SHAPES, save_model, small_bpe, wide_model
 
 from minigpt.errors import UserError
 from minigpt.interop.architecture import GPT2, LLAMA, QWEN3, architecture_of
+from minigpt.interop.config import ExportConfig
+from minigpt.interop.export import export
 from minigpt.interop.gguf_export import gguf_tensors
-from minigpt.interop.hf_checkpoint import export_hf, hf_files
+from minigpt.interop.hf_export import hf_files
 from minigpt.model.config import ModelConfig
 
 GPT2_BASE = SHAPES["gpt2_block"]
@@ -59,9 +61,9 @@ def test_the_two_families_and_their_variants_export() -> None:
 @pytest.mark.parametrize(("base", "overrides", "named"), REFUSED, ids=[r[2] for r in REFUSED])
 def test_a_feature_with_no_equivalent_is_refused_naming_it(base: ModelConfig, overrides: dict, named: str):
     model = wide_model(dataclasses.replace(base, **overrides), 300)
-    for export, target in ((lambda m: hf_files(m, 299), "Hugging Face"), (gguf_tensors, "GGUF")):
+    for convert, target in ((lambda m: hf_files(m, 299), "Hugging Face"), (gguf_tensors, "GGUF")):
         with pytest.raises(UserError) as refused:
-            export(model)
+            convert(model)
         message = str(refused.value)
         assert named in message and "\n" not in message, message
         assert target in message
@@ -72,5 +74,5 @@ def test_a_refused_checkpoint_writes_nothing(tmp_path: Path) -> None:
                                                                         pos_encoding="sinusoidal"), 512),
                       small_bpe())
     with pytest.raises(UserError, match="model.norm_placement=post has no Hugging Face equivalent"):
-        export_hf(ckpt, tmp_path / "hf")
+        export(ExportConfig(checkpoint=str(ckpt), format="hf", out=str(tmp_path / "hf")))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["seed"]

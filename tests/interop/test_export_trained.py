@@ -13,10 +13,10 @@ from conftest import compose_train, fast_overrides, write_corpus
 
 from minigpt.checkpoint.load import load_model
 from minigpt.cli import to_object
+from minigpt.runs.train import train
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 transformers = pytest.importorskip("transformers")
 

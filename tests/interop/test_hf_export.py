@@ -22,8 +22,9 @@ from interop_helpers import LLAMA_SHAPES, SHAPES, make_checkpoint, small_bpe
 
 from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
-from minigpt.interop import hf_files
-from minigpt.interop.hf_checkpoint import export_hf, import_hf
+from minigpt.interop import staging
+from minigpt.interop.hf_export import export_hf
+from minigpt.interop.hf_import import import_hf
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -53,8 +54,8 @@ def _ours_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_transformers_reloads_the_folder_with_our_logits_and_greedy_tokens(tmp_path: Path, shape: str):
-    ckpt, model = make_checkpoint(tmp_path / "ckpt", shape)
-    out = export_hf(ckpt, tmp_path / "hf")
+    _, model = make_checkpoint(tmp_path / "ckpt", shape)
+    out = export_hf(model, small_bpe(), tmp_path / "hf")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out, local_files_only=True).eval()
     assert type(hf).__name__ == CLASSES[shape]
     assert hf.dtype == torch.float32
@@ -80,8 +81,8 @@ def test_transformers_reloads_the_folder_with_our_logits_and_greedy_tokens(tmp_p
 
 
 def test_the_folder_holds_the_configs_transformers_reads(tmp_path: Path) -> None:
-    ckpt, model = make_checkpoint(tmp_path / "ckpt", "odd_llama")
-    out = export_hf(ckpt, tmp_path / "hf")
+    _, model = make_checkpoint(tmp_path / "ckpt", "odd_llama")
+    out = export_hf(model, small_bpe(), tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == [
         "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
         "tokenizer_config.json"]
@@ -98,8 +99,8 @@ def test_the_folder_holds_the_configs_transformers_reads(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("shape", ["gpt2_block", "odd_gpt2", *LLAMA_SHAPES])
 def test_export_then_import_is_a_round_trip(tmp_path: Path, shape: str) -> None:
-    ckpt, model = make_checkpoint(tmp_path / "ckpt", shape)
-    back = import_hf(export_hf(ckpt, tmp_path / "hf"), tmp_path / "back")
+    _, model = make_checkpoint(tmp_path / "ckpt", shape)
+    back = import_hf(export_hf(model, small_bpe(), tmp_path / "hf"), tmp_path / "back")
     again, tokenizer, meta = load_model(back, "cpu")
     assert tokenizer.name == small_bpe().name and meta["imported_from"] == str((tmp_path / "hf").resolve())
     idx = torch.arange(40).unsqueeze(0) * 7 % small_bpe().vocab_size
@@ -110,13 +111,13 @@ def test_export_then_import_is_a_round_trip(tmp_path: Path, shape: str) -> None:
 
 
 def test_existing_output_is_never_overwritten(tmp_path: Path) -> None:
-    ckpt, _ = make_checkpoint(tmp_path / "ckpt", "demo")
+    ckpt, model = make_checkpoint(tmp_path / "ckpt", "demo")
     out = tmp_path / "hf"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     before = snapshot(tmp_path)
     with pytest.raises(UserError, match="already exists"):
-        export_hf(ckpt, out)
+        export_hf(model, small_bpe(), out)
     with pytest.raises(UserError, match="already exists"):
         import_hf(tmp_path / "anything", ckpt)  # the checkpoint folder itself
     assert snapshot(tmp_path) == before
@@ -124,21 +125,23 @@ def test_existing_output_is_never_overwritten(tmp_path: Path) -> None:
 
 def test_a_failed_export_leaves_nothing_behind(tmp_path: Path, monkeypatch) -> None:
     """A full disk while the weights are written: one line, and neither the folder nor its temporary."""
-    ckpt, _ = make_checkpoint(tmp_path / "ckpt", "gpt2_block")
+    _, model = make_checkpoint(tmp_path / "ckpt", "gpt2_block")
 
     def disk_full(file, tensors):
         raise OSError(errno.ENOSPC, "No space left on device", str(file))
 
-    monkeypatch.setattr("minigpt.interop.hf_checkpoint.write_weights", disk_full)
+    monkeypatch.setattr("minigpt.interop.hf_export.write_weights", disk_full)
     before = snapshot(tmp_path)
-    with pytest.raises(UserError, match="nothing exported: cannot write .*No space left"):
-        export_hf(ckpt, tmp_path / "out" / "hf")
-    assert snapshot(tmp_path) == before and list((tmp_path / "out").iterdir()) == []
+    out = tmp_path / "out" / "hf"
+    written = f"nothing exported: cannot write {out}/model.safetensors: No space left"
+    with pytest.raises(UserError, match=written):
+        export_hf(model, small_bpe(), out)
+    assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
 
 
 def test_staged_output_refuses_a_file_that_appeared_meanwhile(tmp_path: Path) -> None:
     out = tmp_path / "model.gguf"
-    with pytest.raises(UserError, match="appeared while"), hf_files.staged_output(out, folder=False) as tmp:
+    with pytest.raises(UserError, match="appeared while"), staging.staged_output(out, folder=False) as tmp:
         tmp.write_bytes(b"new")
         out.write_bytes(b"someone else's")
     assert out.read_bytes() == b"someone else's" and list(tmp_path.iterdir()) == [out]

@@ -14,8 +14,9 @@ from safetensors.torch import load_file, save_file
 from minigpt.checkpoint.load import load_model
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
-from minigpt.interop.hf_checkpoint import export_hf, import_hf
+from minigpt.interop.hf_export import export_hf
 from minigpt.interop.hf_gpt2 import hf_config_from_model, hf_state_dict, load_hf_gpt2
+from minigpt.interop.hf_import import import_hf
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 
@@ -103,7 +104,7 @@ def test_checkpoint_round_trip_through_both_formats(tmp_path: Path, hf_folder) -
     ckpt = import_hf(hf_folder[0], tmp_path / "ckpt", tokenizer_dir=tok_dir)
     model, tokenizer, meta = load_model(ckpt, "cpu")
     assert tokenizer.kind == "byte" and meta["model_config"]["activation"] == "gelu_tanh"
-    out = export_hf(ckpt, tmp_path / "hf_out")
+    out = export_hf(model, tokenizer, tmp_path / "hf_out")
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == tokenizer.eot_id
     reloaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     idx = torch.arange(16).unsqueeze(0)
@@ -112,7 +113,7 @@ def test_checkpoint_round_trip_through_both_formats(tmp_path: Path, hf_folder) -
     assert transformers.AutoTokenizer.from_pretrained(out)("é<|endoftext|>")["input_ids"] == (
         tokenizer.encode("é<|endoftext|>"))  # the byte tokenizer travelled too
     with pytest.raises(UserError, match="already exists"):
-        export_hf(ckpt, out)
+        export_hf(model, tokenizer, out)
 
 
 def test_bad_inputs_are_user_errors(tmp_path: Path, hf_folder) -> None:

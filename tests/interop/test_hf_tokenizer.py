@@ -17,7 +17,8 @@ from minigpt.data.prepare import prepare_dataset
 from minigpt.data.sources import load_corpus
 from minigpt.data.tokenizers import EOT, ByteTokenizer, CharTokenizer, TiktokenTokenizer
 from minigpt.errors import UserError
-from minigpt.interop.hf_tokenizer import GPT2_PATTERN, hf_tokenizer, save_hf_tokenizer, tokenizer_from_hf
+from minigpt.interop.fast_tokenizer import GPT2_PATTERN, fast_tokenizer
+from minigpt.interop.hf_tokenizer import save_hf_tokenizer, tokenizer_from_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -69,7 +70,7 @@ def test_a_gpt2_style_tokenizer_json_reads_back_with_gpt2s_pattern(tmp_path: Pat
     """GPT-2's own tokenizer.json has a ByteLevel pre-tokenizer with its built-in regex, not a Split."""
     from tokenizers import pre_tokenizers
 
-    fast = hf_tokenizer(small_bpe())
+    fast = fast_tokenizer(small_bpe())
     fast.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     fast.encode_special_tokens = True  # as transformers sets it from split_special_tokens
     fast.save(str(tmp_path / "tokenizer.json"))

@@ -103,24 +103,68 @@ def test_the_script_writes_the_json_and_the_table_and_refuses_a_page_without_mar
     for seed in range(2):
         _run(tmp_path / "runs", "base500", seed, 500, 4.9 + seed / 100)
         _run(tmp_path / "runs", "s500_qk_norm", seed, 500, 4.8 + seed / 50, ["model.qk_norm=true"])
-    page = tmp_path / "tricks.md"
+    page, results = tmp_path / "tricks.md", tmp_path / "tricks.json"
     page.write_text("# page\n")
-    args = [str(tmp_path / "runs"), "--round", "two", "--page", str(page)]
+    args = [f"runs={tmp_path / 'runs'}", "round=two", f"doc={page}", f"results={results}"]
     run = run_script("tricks_report", args, capsys)
     assert run.code == 2 and len(run.err_lines) == 1 and "markers" in run.err_lines[0]
-    assert page.read_text() == "# page\n" and not (tmp_path / "tricks.json").exists()  # nothing written
+    assert page.read_text() == "# page\n" and not results.exists()  # nothing written
     (b1, e1), (b2, e2) = markers("one"), markers("two")
     page.write_text(f"# page\n{b1}\nkept\n{e1}\n{b2}\n{e2}\nafter\n")
-    (tmp_path / "tricks.json").write_text(json.dumps({"rounds": {"one": {"arms": {}, "step_ratios": {}}}}))
+    results.write_text(json.dumps({"rounds": {"one": {"arms": {}, "step_ratios": {}}}}))
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"sections": {"techniques": {"rows": {"qk_norm": {"ratio": 1.25}}}}}))
-    run = run_script("tricks_report", [*args, "--bench", str(bench)], capsys)
-    assert run.code == 0
-    doc = json.loads((tmp_path / "tricks.json").read_text())
+    run = run_script("tricks_report", [*args, f"bench={bench}"], capsys)
+    assert run.code == 0 and run.out == f"wrote {results}\nwrote {page}\n", run.err
+    doc = json.loads(results.read_text())
     assert list(doc["rounds"]) == ["one", "two"]  # the other round kept
     assert doc["rounds"]["two"]["step_ratios"] == {"s500_qk_norm": 1.25}
     block = render_block(doc["rounds"]["two"])
     assert page.read_text() == f"# page\n{b1}\nkept\n{e1}\n{b2}\n{block}\n{e2}\nafter\n"
-    rerender = ["--render", str(tmp_path / "tricks.json"), "--page", str(page)]
-    run = run_script("tricks_report", rerender, capsys)
+    page.write_text(page.read_text().replace(block, "stale"))
+    run = run_script("tricks_report", ["render=true", f"results={results}", f"doc={page}"], capsys)
     assert run.code == 0 and page_block(page.read_text(), "two") == block
+    controls = [f"runs={tmp_path / 'runs'}", "round=two", "+controls.s500_qk_norm=base500", f"doc={page}",
+                f"results={results}"]
+    assert run_script("tricks_report", controls, capsys).code == 0  # an arm named with its control
+
+
+def _damaged(root):
+    """Every way a run folder or an input file can be unreadable, each with the line it must end in."""
+    meta = root / "runs" / "s500_relu2" / "s0" / "checkpoints" / "last" / "meta.json"
+    cases = {
+        "corrupt meta.json": (lambda: meta.write_text('{"val_loss": '), [], f"{meta} cannot be read as"),
+        "meta.json of no run": (lambda: meta.write_text("{}"), [], f"{meta} lacks 'val_loss'"),
+        "no overrides": (lambda: (meta.parents[2] / ".hydra" / "overrides.yaml").unlink(), [],
+                         f"{meta.parents[2]} has no .hydra/overrides.yaml"),
+        "corrupt bench": (lambda: (root / "bench.json").write_text("["), [f"bench={root / 'bench.json'}"],
+                          f"{root / 'bench.json'} cannot be read as a bench JSON"),
+        "bench without the section": (lambda: (root / "bench.json").write_text("{}"),
+                                      [f"bench={root / 'bench.json'}"], "has no techniques section"),
+        "corrupt results": (lambda: (root / "tricks.json").write_text("{"), [],
+                            f"{root / 'tricks.json'} cannot be read as the screen's JSON"),
+        "unknown control": (lambda: None, ["+controls.s500_relu2=base900"], "base900"),
+        "no runs": (lambda: None, [f"runs={root / 'none'}"], "no finished runs"),
+        "round without runs": (lambda: None, ["runs=null"], "give the arms and their round"),
+        "render and runs": (lambda: None, ["render=true"], "render=true reads no runs"),
+    }
+    return cases
+
+
+@pytest.mark.parametrize("case", list(_damaged(ROOT)))
+def test_bad_input_is_one_line_naming_the_file_and_nothing_is_written(case, tmp_path, capsys):
+    for seed in range(2):
+        _run(tmp_path / "runs", "base500", seed, 500, 4.9)
+        _run(tmp_path / "runs", "s500_relu2", seed, 500, 4.8, ["model.activation=relu2"])
+    page, results = tmp_path / "tricks.md", tmp_path / "tricks.json"
+    begin, end = markers("r")
+    page.write_text(f"{begin}\n{end}\n")
+    results.write_text(json.dumps({"rounds": {}}))
+    damage, extra, message = _damaged(tmp_path)[case]
+    damage()
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    args = [f"runs={tmp_path / 'runs'}", "round=r", f"doc={page}", f"results={results}", *extra]
+    run = run_script("tricks_report", args, capsys)
+    assert run.code == 2 and len(run.err_lines) == 1, run.err
+    assert run.err.startswith("error: ") and message in run.err and "Traceback" not in run.err, run.err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -20,10 +20,10 @@ from minigpt.errors import UserError
 from minigpt.interop.hf_gpt2 import hf_config_from_model
 from minigpt.model.config import ablation_warnings
 from minigpt.model.factory import build_model
+from minigpt.runs.train import train
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 # each ablation as ModelConfig overrides, and the key its warning must name
 SWITCHES = {
@@ -33,6 +33,7 @@ SWITCHES = {
     "no_positions": ({"pos_encoding": "none"}, "model.pos_encoding=none"),
     "no_residual": ({"residual": False}, "model.residual=false"),
     "no_final_norm": ({"final_norm": False}, "model.final_norm=false"),
+    "batchnorm": ({"norm": "batchnorm"}, "model.norm=batchnorm"),
 }
 
 

@@ -9,6 +9,7 @@ import torch
 from model_helpers import PRESETS, VOCAB, shrunk_config, shrunk_model
 
 from minigpt.model.attention import CausalSelfAttention, math_attention
+from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 
 BACKENDS = ("math", "sdpa", "online")
@@ -59,16 +60,35 @@ def test_output_at_i_has_exactly_zero_gradient_wrt_inputs_after_i(backend):
     assert (x.grad[0, : i + 1].abs().sum(-1) > 0).all()
 
 
-def test_scaled_scores_of_unit_variance_q_k_have_unit_variance():
-    torch.manual_seed(0)
-    N, D = 20000, 64
-    q, k = torch.randn(N, 1, 1, D), torch.randn(N, 1, 2, D)  # (B, H, T=1, D), two keys
-    raw = (q @ k.transpose(-2, -1)).flatten()
-    assert 0.9 * D < raw.var() < 1.1 * D  # the dot product of D unit-variance terms has variance D
-    # recover the code's scaled scores from its probabilities: log p0 - log p1 = s0 - s1
-    _, probs = math_attention(q, k, torch.zeros(N, 1, 2, D), mask=None, is_causal=False)
-    diff = (probs[..., 0].log() - probs[..., 1].log()).flatten()
-    assert 0.9 * 2 < diff.var() < 1.1 * 2  # s0 - s1 of two independent unit-variance scores: variance 2
+def _score_difference_variance(D: int, attn_scale: str, n: int = 20000) -> float:
+    """Var(s_20 - s_21) of the attention module's own scores, for unit-variance q and k of head size D.
+
+    One head, C = D, with q = x and k = x with its channels rotated by one (W_Q = I, W_K a cyclic shift, no
+    bias, so no score is a token's squared norm): the third query's scores are x_2·roll(x_j) times the
+    module's scale, and its recorded probabilities give them back up to a constant: log p_20 - log p_21 =
+    s_20 - s_21, whose variance is 2·D·scale^2 for independent unit-variance x.
+    """
+    cfg = ModelConfig(n_layer=1, n_head=1, n_kv_head=None, n_embd=D, vocab_size=VOCAB, bias=False,
+                      attention="sdpa", attn_scale=attn_scale)
+    attn = CausalSelfAttention(cfg, 0)
+    with torch.no_grad():
+        attn.c_attn.weight.zero_()
+        attn.c_attn.weight[:D].copy_(torch.eye(D))  # q = x
+        attn.c_attn.weight[D : 2 * D].copy_(torch.eye(D).roll(1, dims=0))  # k = x with channels rotated
+    attn.record_probs = True
+    attn(torch.randn(n, 3, D, generator=torch.Generator().manual_seed(D)))  # (B=n, T=3, C=D)
+    log_p = attn.probs[:, 0, 2].log()  # (n, 3): the third query's row
+    return (log_p[:, 0] - log_p[:, 1]).var().item()
+
+
+@pytest.mark.parametrize("D", [16, 64, 256])
+def test_the_modules_scale_keeps_the_score_variance_at_one_whatever_the_head_size(D):
+    """Two independent scores of variance 1 differ with variance 2; without the scale, 2·D (checked up to
+    D = 64: at 256 some unscaled probabilities underflow float32, log 0). With 20000 rows the estimate's
+    relative error is ~2% (products of Gaussians have heavy tails), so ±10% is 5 sigma."""
+    assert 1.8 < _score_difference_variance(D, "sqrt") < 2.2
+    if D <= 64:
+        assert 0.9 * 2 * D < _score_difference_variance(D, "none") < 1.1 * 2 * D
 
 
 def _single_head(x, wq, wk, wv):

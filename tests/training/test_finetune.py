@@ -21,12 +21,12 @@ from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
-from minigpt.training import resume as finetune
+from minigpt.runs.train import train
+from minigpt.training import start as finetune
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.optim import LRSchedule
-from minigpt.training.resume import InitFrom
-from minigpt.training.trainer import train
+from minigpt.training.start import InitFrom
 
 transformers = pytest.importorskip("transformers")
 

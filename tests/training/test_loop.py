@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model
 from minigpt.errors import UserError
+from minigpt.runs.train import train
 from minigpt.training.reporting import SCALAR_TAGS
-from minigpt.training.trainer import train
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """MFU's three inputs: the model's FLOPs per token (against PyTorch's own counter), the peak of the dtype in
 use, and the meter that divides them (per device, never above 100%). The 2-rank check is in
-training/test_distributed.py (`test_mfu_is_per_device`)."""
+cluster/test_distributed.py (`test_mfu_is_per_device`)."""
 
 from __future__ import annotations
 

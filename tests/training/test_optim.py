@@ -13,12 +13,12 @@ from minigpt.device.config import DeviceConfig
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.model.factory import build_model
+from minigpt.runs.train import train
 from minigpt.training.budget import Budget
 from minigpt.training.config import OptimConfig
 from minigpt.training.muon import MuonAdamW, orthogonalize
 from minigpt.training.optim import LRSchedule, build_optimizer, muon_matrices, param_groups
 from minigpt.training.step import accumulate_gradients
-from minigpt.training.trainer import train
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 

@@ -32,8 +32,8 @@ from minigpt.checkpoint.load import load_model
 from minigpt.cli import to_object
 from minigpt.data import prepare as prepare_module
 from minigpt.data.temporaries import this_host
+from minigpt.runs.train import train
 from minigpt.training.config import TrainConfig
-from minigpt.training.trainer import train
 
 STOPPED = "stopped before the end, nothing half-written kept"
 STEPS = 400  # long enough that a signal sent at step 4 arrives well before the end

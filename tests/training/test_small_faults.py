@@ -14,9 +14,9 @@ import pytest
 from cli_helpers import run_script
 from conftest import ROOT, compose_train, fast_overrides
 
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.launch import Launch
 from minigpt.errors import shell_override
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.launch import Launch
 
 
 def _env() -> dict[str, str]:

@@ -9,8 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
 
+from minigpt.runs.train import train
 from minigpt.training.reporting import FINAL_METRICS
-from minigpt.training.trainer import train
 
 
 def _hparams_data(tb: Path) -> list[tuple[int, HParamsPluginData]]:

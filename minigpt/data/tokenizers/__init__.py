@@ -5,6 +5,12 @@
     cl100k   tiktoken's cl100k_base (GPT-4, 100277 ids)  } a populated TIKTOKEN_CACHE_DIR
     char     one id per distinct corpus character
     byte     one id per UTF-8 byte (257 ids)
+
+Read in this order:
+    base.py           the interface every kind offers, and the tokenizer.json a folder holds
+    simple.py         char and byte: the two without merges
+    tiktoken_bpe.py   bpe, gpt2 and cl100k: byte-level BPE run by tiktoken (bpe trained with rustbpe)
+and this file: `build_tokenizer` (a config -> a tokenizer) and `load_tokenizer` (a folder -> the tokenizer).
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ class RunFolder:
 
     def log_to_file(self, text: str) -> None:
         """Write `text` into the run's log files only (not the console): a traceback for the record."""
-        record = logging.LogRecord("minigpt.training", logging.ERROR, __file__, 0, "%s", (text,), None)
+        record = logging.LogRecord(log.name, logging.ERROR, __file__, 0, "%s", (text,), None)
         for handler in self._log_handlers():
             handler.handle(record)
 

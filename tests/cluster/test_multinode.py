@@ -25,11 +25,11 @@ from cluster_helpers import assert_same_weights, event_writers, free_port, train
 from conftest import ROOT, compose_train, fast_overrides, write_corpus
 
 from minigpt.cli import to_object
+from minigpt.cluster import launch as launch_module
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import main_process_first, process_group
 from minigpt.errors import UserError
-from minigpt.training import launch as launch_module
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import main_process_first, process_group
 
 pytestmark = pytest.mark.slow
 

@@ -38,9 +38,9 @@ import torch.distributed as dist
 from minigpt import signals
 from minigpt.checkpoint.format import read_meta
 from minigpt.checkpoint.load import resolve_checkpoint
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.temporaries import running
 from minigpt.errors import AlreadyReported, UserError, shell_override
-from minigpt.training.dist_env import DistEnv
 
 GRACE_SECONDS = 5.0  # how long a survivor waits for the other ranks to answer, and rank 0 for them to read
 POLL_SECONDS = 0.05

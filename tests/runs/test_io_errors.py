@@ -28,8 +28,8 @@ from tensorboard.summary.writer import record_writer
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model
+from minigpt.runs.run_folder import LOCK_NAME
 from minigpt.training import trainer as trainer_module
-from minigpt.training.run_folder import LOCK_NAME
 
 # 8 steps, `last` every 2, `best` never before the end: the checkpoints written are last@2, last@4, ...
 STEPS = ("trainer.max_steps=8", "trainer.ckpt_every=2", "trainer.eval_every=1000", "logging.sample_tokens=0",

@@ -13,26 +13,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 from cli_helpers import run_script
-from safetensors.torch import load_file
+from cluster_helpers import TwoRankLoader, free_port, weights
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import read_checkpoint
-from minigpt.data.loader import BatchLoader
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.distributed import gather_object, process_group
 from minigpt.errors import UserError
+from minigpt.runs.train import train
 from minigpt.training import trainer as trainer_module
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.distributed import gather_object, process_group
-from minigpt.training.run_folder import RunFolder
-from minigpt.training.trainer import Trainer, train
+from minigpt.training.trainer import Trainer
 
 STEPS, HALF = 6, 3
 DROP_STEPS, DROP_HALF = 20, 10  # the dropout runs
@@ -64,7 +62,7 @@ def _outputs_cfg(cfg: TrainConfig) -> TrainConfig:
 def _forward_outputs(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
     """Rank 0 saves every rank's logits for one fixed batch, in train mode (dropout on) and in eval mode,
     and the validation score (summed over ranks)."""
-    trainer = Trainer(cfg, RunFolder(out, enabled=False), env=env)  # builds the run, writes nothing
+    trainer = Trainer(cfg, out, env=env)  # builds the run, writes nothing
     model = trainer.model
     x = (torch.arange(2 * cfg.model.block_size) % 200).view(2, -1)  # (2, T): the same batch on every rank
     with torch.no_grad():
@@ -97,29 +95,6 @@ def _worker(rank: int, world_size: int, port: int, root: str, cfg: TrainConfig) 
         _forward_outputs(_outputs_cfg(cfg), root_dir / "outputs", env)
 
 
-class TwoRankLoader:
-    """One process drawing rank 0's and rank 1's micro-batches and stacking them: the same global batch."""
-
-    def __init__(self, bin_path, block_size, batch_size, *, seed, rank, world_size, device, batch_sizes):
-        assert (rank, world_size) == (0, 1) and batch_size % 2 == 0
-        assert batch_sizes(0) == batch_size  # no batch-size warmup: each rank draws half of every batch
-        self.parts = [BatchLoader(bin_path, block_size, batch_size // 2, seed=seed, rank=r, world_size=2,
-                                  device=device) for r in range(2)]
-
-    def next_batch(self):
-        (x0, y0), (x1, y1) = (p.next_batch() for p in self.parts)
-        return torch.cat([x0, x1]), torch.cat([y0, y1])  # (2B, T) each
-
-    def state_dict(self):
-        return self.parts[0].state_dict()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Single-process reference + the 2-process runs; returns their folders."""
@@ -131,7 +106,8 @@ def runs(tmp_path_factory):
     corpus = write_corpus(root / "corpus")
     # grad_accum_steps=2 exercises no_sync; eval/ckpt every 2 steps exercises the rank-0-only writes mid-run.
     overrides = [*fast_overrides(root, corpus), f"trainer.max_steps={STEPS}", "trainer.grad_accum_steps=2",
-                 "trainer.eval_every=2", "trainer.ckpt_every=2", "optim=adamw", "optim.lr=1e-2",  # FSDP
+                 "trainer.eval_every=2", "trainer.ckpt_every=2",
+                 "optim=adamw", "optim.lr=1e-2",  # AdamW here; Muon on 2 ranks: test_muon_distributed.py
                  f"optim.decay_steps={STEPS}",  # the schedule must not depend on max_steps (HALF then resume)
                  "logging.sample_tokens=4", "device.peak_tflops=1"]  # peak given: no matmul timing
     cfg = to_object(compose_train(overrides), TrainConfig)
@@ -141,18 +117,14 @@ def runs(tmp_path_factory):
     # Forked workers inherit this process's imports; DDP and FSDP import torch._dynamo: do it once, here.
     import torch._dynamo  # noqa: F401
 
-    mp.start_processes(_worker, args=(2, _free_port(), str(root), cfg), nprocs=2, start_method="fork")
+    mp.start_processes(_worker, args=(2, free_port(), str(root), cfg), nprocs=2, start_method="fork")
     _forward_outputs(_outputs_cfg(cfg), root / "outputs_single", DistEnv())
     return root
 
 
-def _weights(run: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "checkpoints" / "last" / ckpt.WEIGHTS))
-
-
 @pytest.mark.slow
 def test_ddp_matches_one_process_with_the_same_global_batch(runs: Path):
-    single, ddp = _weights(runs / "single"), _weights(runs / "ddp")
+    single, ddp = weights(runs / "single"), weights(runs / "ddp")
     assert single.keys() == ddp.keys()
     for name in single:
         torch.testing.assert_close(ddp[name], single[name], atol=ATOL, rtol=RTOL, msg=name)
@@ -174,7 +146,7 @@ def test_only_rank_zero_writes(runs: Path):
 
 @pytest.mark.slow
 def test_ddp_resume_is_exact(runs: Path):
-    straight, resumed = _weights(runs / "ddp"), _weights(runs / "ddp_resumed")
+    straight, resumed = weights(runs / "ddp"), weights(runs / "ddp_resumed")
     for name in straight:
         assert torch.equal(straight[name], resumed[name]), name
 
@@ -202,7 +174,7 @@ def test_validation_is_split_over_ranks_and_summed(runs: Path):
 def test_resume_with_dropout_on_two_ranks_is_exact(runs: Path):
     straight, resumed = runs / "drop" / "checkpoints" / "last", runs / "drop_resumed" / "checkpoints" / "last"
     assert ckpt.read_meta(resumed)["step"] == DROP_STEPS
-    a, b = _weights(runs / "drop"), _weights(runs / "drop_resumed")
+    a, b = weights(runs / "drop"), weights(runs / "drop_resumed")
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -245,7 +217,7 @@ def test_mfu_is_per_device(runs: Path):
 
 @pytest.mark.slow
 def test_fsdp_matches_one_process_and_its_checkpoint_generates(runs: Path, capsys):
-    single, fsdp = _weights(runs / "single"), _weights(runs / "fsdp")
+    single, fsdp = weights(runs / "single"), weights(runs / "fsdp")
     assert single.keys() == fsdp.keys()
     for name in single:
         torch.testing.assert_close(fsdp[name], single[name], atol=ATOL, rtol=RTOL, msg=name)

@@ -16,8 +16,8 @@ from cli_helpers import run_script
 from conftest import ROOT, fast_overrides
 
 from minigpt.errors import UserError
-from minigpt.training import run_folder as run_lock
-from minigpt.training.run_folder import LOCK_NAME, RunFolder, RunLock
+from minigpt.runs import run_folder as run_lock
+from minigpt.runs.run_folder import LOCK_NAME, RunFolder, RunLock
 
 
 def _wait_for(condition, what: str, timeout: float = 120.0) -> None:

@@ -1,29 +1,21 @@
-"""Where a run starts from: scratch (its seeds), a checkpoint it continues (`trainer.resume`), or a model it
-fine-tunes (`trainer.init_from`).
+"""Where a run starts: from scratch, from a checkpoint it continues, or from a model it fine-tunes.
 
-**Seeds.** One seed for the weights on every rank, then a dropout stream per rank; the state of every
-stream is saved in each checkpoint (`rng_state`), so a resumed run draws exactly what it would have drawn.
-The loader draws its batches from a generator of its own (data/loader.py, also per rank), and sampling
-during training uses its own seeded generator (sampling/decode.py), so neither touches these.
+Which of them is for the run's safety to decide, before any work (minigpt/runs/resume.py: the checkpoint that
+`trainer.resume` names, never one the run would overwrite, and only if it is the same run); the Trainer is
+handed its answer, a `Start`, and starts from it:
 
-**Resume.** `trainer.resume`:
-    null          start from scratch; refused if the run folder already holds a checkpoint (never overwrite),
-                  unless that checkpoint was written by this very job before it was requeued (a SLURM or
-                  submitit job keeps its job id when requeued): then as `auto`
-    auto          this run folder's latest checkpoint, if any (`last`, or `.last.old` after a crash mid-swap)
-    <path>        a checkpoint folder or run folder, continued in this (new) run folder
-                  (a checkpoint without optimizer state, like an imported one, is for trainer.init_from)
+    scratch     `Start()`: fresh weights from the run's seed (seeding.py)
+    continue    `Start(checkpoint=...)`: the checkpoint's weights (`load_for_resume`), then everything else a
+                step depends on (`restore`)
+    fine-tune   `Start(init=...)`: the weights of another model (`InitFrom`, `trainer.init_from`)
 
-The resumed run must be the same run: same model, tokenizer and data (same_run.py refuses anything else,
-naming each differing key); a changed course (lr, schedule horizon, batch) is allowed with one warning line
-per key. A checkpoint whose weights are not finite (written by a run that diverged) is refused here.
-
-Resuming restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG state,
-the data stream's position, and the step, training time and tokens the lr schedule is a function of), so 10
-steps + resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A run with a
-budget of time, tokens, FLOPs or tokens per parameter (`trainer.max_time`, `max_tokens`, `max_flops`,
+**Continuing** restores everything a step depends on (weights, optimizer, loss scaler, every rank's own RNG
+state, the data stream's position, and the step, training time and tokens the lr schedule is a function of),
+so 10 steps + resume + 10 steps equals 20 straight steps, with dropout and on any number of ranks. A run with
+a budget of time, tokens, FLOPs or tokens per parameter (`trainer.max_time`, `max_tokens`, `max_flops`,
 `max_tokens_per_param`) continues with the budget it has left; FLOPs and the ratio follow from the tokens
-seen and the model, which resuming cannot change (the model config must match).
+seen and the model, which resuming cannot change (the model config must match). A checkpoint whose weights
+are not finite (written by a run that diverged) is refused.
 
 **Fine-tuning** (`trainer.init_from=<checkpoint | run folder | Hugging Face GPT-2 folder>`). The run starts
 from the source's weights, with the source's model config and tokenizer (the data is tokenised with that
@@ -46,17 +38,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.contents import Progress, progress_of
 from minigpt.checkpoint.format import META, TOKENIZER, read_meta
 from minigpt.checkpoint.load import model_config_of, resolve_checkpoint
+from minigpt.cluster import distributed
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.config import TokenizerConfig
 from minigpt.data.tokenizers import Tokenizer, build_tokenizer, load_tokenizer
 from minigpt.errors import UserError
@@ -64,126 +56,40 @@ from minigpt.interop.hf_gpt2 import config_from_hf, load_hf_gpt2
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
-from minigpt.training import distributed
 from minigpt.training.budget import format_duration
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
+from minigpt.training.seeding import set_rng_state
 
 log = logging.getLogger(__name__)
 
 
-# ------------------------------------------------------------------------------------------------------ seeds
+@dataclasses.dataclass(frozen=True)
+class Start:
+    """Where the run starts (the module docstring): from scratch unless it continues `checkpoint` or
+    fine-tunes `init` (both when it continues a fine-tuning run: the tokenizer is the source's)."""
+
+    checkpoint: Path | None = None  # the checkpoint this run continues
+    init: InitFrom | None = None  # the model this run fine-tunes (trainer.init_from)
+    corpus: str | None = None  # the fingerprint of the corpus `checkpoint` was trained on (None: any corpus)
 
 
-def seed_everything(seed: int) -> None:
-    """Seed every global RNG the run may touch (dropout uses torch's; the loader has its own generator).
-
-    The same on every rank, so every rank initialises the same weights (FSDP shards them without the
-    broadcast DDP does); `seed_rank_stream` then gives each rank its own dropout masks.
-    """
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+SCRATCH = Start()  # fresh weights from the run's seed, at step 0
 
 
-DROPOUT_STREAM = 1  # keeps the dropout stream of (seed, rank) apart from the loader's (loader.stream_seed)
+# ------------------------------------------------------------------------------------------------- continuing
 
 
-def seed_rank_stream(seed: int, rank: int) -> None:
-    """After initialisation: torch's global RNG (dropout, on CPU and CUDA) gets a stream of its own per rank.
-
-    With one stream, every rank would draw the same masks for its different batch, which is less
-    regularisation than the same run on one device. SeedSequence mixes (seed, rank, stream) into unrelated
-    seeds; a resumed run restores each rank's saved state instead (resume.py).
-    """
-    entropy = np.random.SeedSequence([seed, rank, DROPOUT_STREAM]).generate_state(1, dtype=np.uint64)[0]
-    torch.manual_seed(int(entropy))
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random stream this process draws from, as tensors and plain Python (safe for `weights_only`).
-
-    CUDA: the generator of the current device only (under torchrun each rank has its own device and saves
-    its own state; reading every device's would open a CUDA context on each of them from every rank), and
-    only once CUDA is in use, so a CPU run never initialises it. The trainer saves one of these per rank.
-    """
-    np_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"key": torch.from_numpy(np_state["state"]["key"].astype(np.int64)),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()  # the current device's
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured (in the process, and on the current CUDA device, it describes)."""
-    random.setstate(_as_tuple(state["python"]))
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": "MT19937", "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-                         "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]}})
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, list):  # older checkpoints: one state per visible device
-            torch.cuda.set_rng_state_all(cuda)
-        else:
-            torch.cuda.set_rng_state(cuda)
-
-
-def _as_tuple(x: Any) -> Any:
-    """`random.setstate` wants tuples; a round trip through some serialisers turns them into lists."""
-    return tuple(_as_tuple(v) for v in x) if isinstance(x, (list, tuple)) else x
-
-
-# ----------------------------------------------------------------------------------------------------- resume
-
-
-def resume_source(cfg: TrainConfig, out_dir: Path, env: DistEnv | None = None) -> Path | None:
-    """The checkpoint to resume from, or None; refuses to overwrite an existing run's checkpoint.
-
-    Called before any work, so a bad path fails at once.
-    """
-    resume = cfg.trainer.resume
-    folder = out_dir / "checkpoints"
-    has_checkpoint = any((folder / name / ckpt.META).is_file() for name in ("last", ".last.old"))
-    if resume is None and has_checkpoint and env is not None and env.job_id is not None:
-        latest = resolve_checkpoint(out_dir)
-        if ckpt.read_meta(latest).get("job_id") == env.job_id:
-            log.info("job %s was requeued: continuing its own checkpoint %s (as trainer.resume=auto)",
-                     env.job_id, latest)
-            return latest
-    if resume == "auto":
-        return resolve_checkpoint(out_dir) if has_checkpoint else None
-    if resume is not None:
-        path = resolve_checkpoint(resume)
-        # memory-mapped: only the keys are read here, the tensors when the run loads them
-        if "optimizer" not in ckpt.load_state(path, mmap=True):  # e.g. scripts/import_hf.py's checkpoints
-            raise UserError(f"checkpoint {path} holds no optimizer state, so there is no run to resume; "
-                            f"fine-tune from it instead: trainer.init_from={path} (and no trainer.resume)")
-        return path
-    if (folder / "last").exists() or (folder / ".last.old").exists():
-        raise UserError(
-            f"{out_dir} already holds a checkpoint; continue it with trainer.resume=auto, "
-            "or choose another hydra.run.dir"
-        )
-    return None
-
-
-def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig, env: DistEnv) -> dict[str, Any]:
+def load_for_resume(path: Path, model: torch.nn.Module, cfg: TrainConfig) -> dict[str, Any]:
     """Check that checkpoint `path` fits this run, load its weights into the (not yet wrapped) model, and
     return the rest of its state for `restore`."""
     meta = ckpt.read_meta(path)
-    # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then
+    # keys the checkpoint predates (e.g. the ablation switches) mean their defaults, as they did then; the
+    # run's own keys (RUN_KEYS: dropout, the attention backend) are how it trains, not what the weights are
     saved = {**dataclasses.asdict(ModelConfig()), **(meta.get("model_config") or {})}
-    if saved != dataclasses.asdict(model.config):
+    mine = dataclasses.asdict(model.config)
+    if any(saved[key] != mine[key] for key in mine if key not in RUN_KEYS):
         raise UserError(f"checkpoint {path} was trained with a different model config; resume with the "
                         "same model=... overrides (see its meta.json)")
-    distributed.check_resume_world_size(meta.get("world_size", 1), env, path)
     tc = cfg.trainer
     if tc.max_steps is not None and meta.get("step", 0) > tc.max_steps:
         raise UserError(f"trainer.max_steps={tc.max_steps} is below the step of checkpoint "

@@ -14,9 +14,9 @@ from conftest import CONFIG_DIR, compose_train
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from minigpt.cluster.dist_env import DistEnv, first_host, launcher_of, rendezvous_defaults
+from minigpt.cluster.launch import Launch
 from minigpt.errors import UserError
-from minigpt.training.dist_env import DistEnv, first_host, launcher_of, rendezvous_defaults
-from minigpt.training.launch import Launch
 
 SLURM_TASK = {  # what srun sets in task 5 of a 2-node x 4-task job step (a subset)
     "SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_LOCALID": "1",
@@ -141,7 +141,7 @@ def test_a_follower_closes_the_log_file_hydra_opened_for_it(tmp_path):
     """In a submitit job Hydra's job ran in every task, with the run's log file open in each."""
     import logging
 
-    from minigpt.training import launch
+    from minigpt.cluster import launch
 
     root = logging.getLogger()
     saved = (root.level, list(root.handlers))

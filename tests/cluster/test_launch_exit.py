@@ -1,6 +1,6 @@
 """How a rank of a distributed run ends: `os._exit` with its exit code, after its output is flushed.
 
-Python's shutdown can abort a process whose gloo process group DDP has used (launch.leave_process says why),
+Python's shutdown can abort a process whose gloo process group DDP has used (docs/clusters.md says why),
 so the ranks skip it. What skipping it must not lose is checked against a real process: a pipe's stdout is
 block-buffered, and a plain `os._exit` drops what is still in the buffer.
 """
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from minigpt.training import launch as launch_module
-from minigpt.training.dist_env import DistEnv
-from minigpt.training.launch import Launch
+from minigpt.cluster import launch as launch_module
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.cluster.launch import Launch
 
 ENDING = """
 import logging, sys
@@ -37,7 +37,7 @@ def _end_with(end: str, log: Path) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_a_rank_leaves_with_its_code_and_nothing_it_wrote_is_lost(tmp_path: Path):
     log = tmp_path / "a.log"
-    done = _end_with("from minigpt.training.launch import leave_process\nleave_process(3)", log)
+    done = _end_with("from minigpt.cluster.launch import leave_process\nleave_process(3)", log)
     assert (done.returncode, done.stdout, done.stderr) == (3, "val loss 4.213", "a warning")
     assert "checkpoint written" in log.read_text()
 

@@ -1,6 +1,6 @@
 """`torchrun --nproc_per_node=2 scripts/train.py ...` exactly as a user types it (gloo on CPU).
 
-The in-process distributed tests (training/test_distributed.py) call `train()` directly; these run the real
+The in-process distributed tests (test_distributed.py) call `train()` directly; these run the real
 launch protocol: only rank 0 composes the config and creates the run folder, the other rank trains rank 0's
 config in rank 0's folder, and a resume through the same command continues the run.
 """

@@ -1,4 +1,4 @@
-"""Resume compares the new config with the checkpoint's (training/same_run.py): another run (model, tokenizer,
+"""Resume compares the new config with the checkpoint's (runs/same_run.py): another run (model, tokenizer,
 data) is refused naming every differing key -- through the CLI in project/test_errors.py --, a new course
 (batch, schedule horizon, lr) is allowed with one warning line per key saying what it changes, its lr numbers
 checked against the schedule's formula written out here."""
@@ -14,8 +14,8 @@ from conftest import fast_overrides
 
 from minigpt.data.prepare import NOT_SHAPING
 from minigpt.errors import UserError
+from minigpt.runs.same_run import compare, flat, kind_of
 from minigpt.training.config import TrainConfig
-from minigpt.training.same_run import compare, flat, kind_of
 
 
 def test_every_key_has_a_kind_and_the_identity_keys_are_model_tokenizer_and_data():
@@ -59,12 +59,14 @@ def test_a_changed_course_resumes_with_one_warning_line_per_key(tmp_path, corpus
     run = tmp_path / "run"
     common = [*fast_overrides(tmp_path, corpus_dir), "logging.sample_tokens=0", f"hydra.run.dir={run}"]
     assert run_script("train", [*common, "trainer.max_steps=4"], capsys).code == 0
-    result = run_script("train", [*common, "trainer.max_steps=8", "trainer.batch_size=8",
-                                  "trainer.resume=auto", "logging.log_every=100"], capsys)
+    changes = ["trainer.max_steps=8", "trainer.batch_size=8", "model.dropout=0.1", "model.attention=math"]
+    result = run_script("train", [*common, *changes, "trainer.resume=auto", "logging.log_every=100"], capsys)
     assert result.code == 0, result.err
     warned = [line for line in result.out.splitlines() if line.startswith("resuming with a changed course")]
     old, new = _wsd_lr(4, 4), _wsd_lr(4, 8)  # step 5's lr (index 4), with the old and the new horizon
-    assert warned == [
+    assert warned == [  # model.attention: the same numbers computed another way, so not a word
+        "resuming with a changed course: model.dropout=0.1 (the checkpoint's: 0.0): training goes on with "
+        "another dropout from step 4",
         f"resuming with a changed course: trainer.max_steps=8 (the checkpoint's: 4): the schedule's horizon "
         f"moved, so the lr of step 5 jumps from {old:.2e} to {new:.2e}",
         "resuming with a changed course: trainer.batch_size=8 (the checkpoint's: 4): a step now trains on "

@@ -25,8 +25,8 @@ from minigpt.checkpoint import format as ckpt
 from minigpt.checkpoint.load import load_model, resolve_checkpoint
 from minigpt.errors import UserError
 from minigpt.model.gpt import GPT
+from minigpt.runs.train import train
 from minigpt.training import trainer as trainer_module
-from minigpt.training.trainer import train
 
 STEPS = 8
 RUN_OVERRIDES = (f"trainer.max_steps={STEPS}", "trainer.ckpt_every=2", "trainer.eval_every=4",
@@ -172,12 +172,13 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes_exactly(make_train_cf
 
 
 def _nan_loss_at(monkeypatch, steps: set[int]) -> None:
-    """Make the model's loss NaN during the given optimizer steps (1-based; one micro-batch per step)."""
+    """Make the model's loss NaN during the given optimizer steps (1-based; one micro-batch per step). A
+    step's forward builds a graph; the divergence guard's probe runs in training mode too, but without."""
     real_forward, calls = GPT.forward, [0]
 
     def forward(self, idx, targets=None, **kwargs):
         logits, loss = real_forward(self, idx, targets, **kwargs)
-        if targets is not None and self.training:
+        if targets is not None and self.training and torch.is_grad_enabled():
             calls[0] += 1
             if calls[0] in steps:
                 loss = loss * float("nan")

@@ -1,25 +1,26 @@
 """How `scripts/train.py` runs as one process or as one rank of many (torchrun, srun, a submitit job).
 
-Only global rank 0 trains through Hydra's job: it composes the config, chooses (and creates) the run folder,
-then hands the job (config, run folder) to the other ranks with one broadcast. They train that very config in
-that folder without creating folders or writing logs of their own. If rank 0 stops before training (a bad
-override, `--cfg job`, `--help`), it broadcasts "nothing to do" instead, and the others exit cleanly.
+Only global rank 0 goes through Hydra's job: it composes the config, chooses (and creates) the run folder,
+then hands the job (config, run folder) to the other ranks with one broadcast. They run `follow(job)`, which
+the command names (scripts/train.py: train that very config in that folder), without creating folders or
+writing logs of their own. If rank 0 stops before training (a bad override, `--cfg job`, `--help`), it
+broadcasts "nothing to do" instead, and the others exit cleanly.
 
     rank 0                                  ranks > 0 (on this machine or another)
     Hydra composes, makes the run folder    wait in broadcast_object
-    share((config, run folder))  ------->   train(config, run folder)
+    share((config, run folder))  ------->   follow((config, run folder))
     every rank: is the run folder visible here?  (no: one line on each such rank, and all of them stop)
-    train(config, run folder)               (errors: "[rank r] <message>", exit 2)
+    train(config, run folder)               train(config, run folder)  (errors: "[rank r] <message>", exit 2)
 
 Who starts the processes decides where the protocol begins:
 - torchrun and srun start N copies of `scripts/train.py`, whose `__main__` calls
   `Launch.run_process(hydra_main)`: only rank 0 gets as far as Hydra, and every rank ends with `os._exit`
   once it has left the process group (`leave_process` says why).
 - Hydra's submitit launcher (hydra/launcher=slurm, local) unpickles the task function in every task of every
-  job, after Hydra has composed that job's config in each task. `rank0_task` around the task function starts
-  `Launch.run` there: task 0 goes on into the task function, the others follow it as above and drop the log
-  file Hydra opened for them. A user error ends such a job as a failed result (`JobFailed`), its one line in
-  the job's own log, so the launcher waits for the other jobs and then reports it in one line.
+  job, after Hydra has composed that job's config in each task. `rank0_task(follow)` around the task function
+  starts `Launch.run` there: task 0 goes on into the task function, the others follow it as above and drop the
+  log file Hydra opened for them. A user error ends such a job as a failed result (`JobFailed`), its one line
+  in the job's own log, so the launcher waits for the other jobs and then reports it in one line.
 
 The run folder must be on a filesystem every node sees (on a cluster: the home or project filesystem),
 because the other ranks read its checkpoint to resume; the check after the broadcast stops a run where it is
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from minigpt import signals
+from minigpt.cluster.dist_env import DistEnv, rendezvous_defaults
 from minigpt.errors import (
     USER_ERROR_EXIT_CODE,
     AlreadyReported,
@@ -49,10 +51,9 @@ from minigpt.errors import (
     shell_override,
     unwritable_path_message,
 )
-from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv, rendezvous_defaults
 
-Job = tuple[TrainConfig, Path]
+Job = tuple[Any, Path]  # the config rank 0 composed, and the run folder it made
+Follow = Callable[[Job, DistEnv], int | None]  # ranks > 0 do the job; the stop signal that ended it, or None
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 
@@ -66,15 +67,15 @@ class JobFailed(Exception):
 
 
 class Launch:
-    """This process's part in a (possibly distributed) training command."""
+    """This process's part in a (possibly distributed) training command; `follow`: what ranks > 0 do."""
 
-    def __init__(self, env: DistEnv, in_job: bool = False) -> None:
-        self.env = env
+    def __init__(self, env: DistEnv, follow: Follow | None = None, in_job: bool = False) -> None:
+        self.env, self.follow = env, follow
         self.in_job = in_job  # a launcher's job (submitit): its failures become JobFailed (rank0_task)
         self._shared = False  # rank 0 broadcasts exactly once, a job or None
 
     @classmethod
-    def from_environ(cls) -> Launch:
+    def from_environ(cls, follow: Follow | None = None) -> Launch:
         """From the launcher's variables (torchrun, srun, submitit); a bad environment ends with one line.
 
         srun and submitit name no rendezvous address: the derived MASTER_ADDR/PORT are exported for torch.
@@ -85,7 +86,7 @@ class Launch:
             exit_with_error(str(e))
         if env.enabled:
             os.environ.update(rendezvous_defaults())
-        return cls(env)
+        return cls(env, follow)
 
     def run(self, rank0_main: Callable[[], R], argv: Sequence[str] = ()) -> R | None:
         """Rank 0 runs `rank0_main` (Hydra's entry point, or its task function) and returns its result; the
@@ -104,7 +105,7 @@ class Launch:
                 sweep = {"-m", "--multirun"} & set(argv)
                 with _without_hydra_job_reports() if sweep else contextlib.nullcontext():
                     return rank0_main()
-            from minigpt.training.distributed import process_group
+            from minigpt.cluster.distributed import process_group
 
             if not self.env.is_main:
                 _leave_the_logs_to_rank0()
@@ -147,7 +148,7 @@ class Launch:
         """Rank 0: hand the config and the run folder (or None: nothing to train) to the other ranks, once."""
         if self._shared or not self.env.enabled:
             return
-        from minigpt.training.distributed import broadcast_object
+        from minigpt.cluster.distributed import broadcast_object
 
         self._shared = True
         broadcast_object(job, self.env)
@@ -156,8 +157,7 @@ class Launch:
                             "hydra.sweep.dir) and data.cache_dir on a filesystem that all nodes share")
 
     def _follow_rank0(self) -> None:
-        from minigpt.training.distributed import broadcast_object
-        from minigpt.training.trainer import train
+        from minigpt.cluster.distributed import broadcast_object
 
         job = broadcast_object(None, self.env)
         if job is None:
@@ -165,13 +165,13 @@ class Launch:
         if not self._folder_visible_everywhere(job[1]):
             sys.exit(USER_ERROR_EXIT_CODE)  # this rank, and rank 0, have said why
         try:
-            result = train(job[0], job[1], env=self.env)
+            stop_signal = self.follow(job, self.env)
         except AlreadyReported:
             sys.exit(USER_ERROR_EXIT_CODE)
         except UserError as e:
             exit_with_error(f"[rank {self.env.rank}] {e}")
-        if result.stop_signal is not None:
-            self.after_stop(result.stop_signal, "")
+        if stop_signal is not None:
+            self.after_stop(stop_signal, "")
 
     def after_stop(self, signum: int, stopped: str) -> None:
         """The run stopped for `signum`, its checkpoint written (`stopped` says so): give the signal back to
@@ -180,7 +180,7 @@ class Launch:
         job's failure, which the sweep reports in one line."""
         signals.ignore_until_exit()
         if self.env.enabled:  # the ranks leave together: one that exits first makes torchrun stop the others
-            from minigpt.training.distributed import barrier
+            from minigpt.cluster.distributed import barrier
 
             with contextlib.suppress(Exception):  # a rank lost meanwhile: nothing left to wait for
                 barrier(self.env)
@@ -195,7 +195,7 @@ class Launch:
 
     def _folder_visible_everywhere(self, out_dir: Path) -> bool:
         """Every rank looks for rank 0's freshly made run folder; all learn whether each one found it."""
-        from minigpt.training.distributed import any_rank
+        from minigpt.cluster.distributed import any_rank
 
         visible = folder_visible(out_dir)
         if not visible:
@@ -254,13 +254,10 @@ def _leave_the_logs_to_rank0() -> None:
 def leave_process(code: int) -> NoReturn:
     """End a rank of a distributed run that has left its process group: flush, then `os._exit(code)`.
 
-    Once DDP has used a gloo process group, that group outlives `destroy_process_group` (its worker threads
-    keep running), and Python's shutdown then tears them down under a race: now and then the process aborts
-    with "terminate called without an active exception" (exit -6) after everything went well. Measured with
-    a bare 2-rank gloo DDP script, torch 2.13 CPU: 7 exits in 350; with os._exit, none in 350. torchrun then
-    reports a finished run as failed, and the other nodes wait 5 minutes for it in torchrun's exit barrier.
-    By now the checkpoints, TensorBoard events and the run lock are written and closed (the trainer's `with`
-    blocks), so skipping the interpreter's shutdown loses nothing once the logs and the console are flushed.
+    Once DDP has used a gloo process group, that group outlives `destroy_process_group`, and Python's shutdown
+    can then abort a process that did everything right, which torchrun reports as a failed run
+    (docs/clusters.md, "How a rank ends"). By now the checkpoints, TensorBoard events and the run lock are
+    written and closed, so skipping the interpreter's shutdown loses nothing once the logs are flushed.
     """
     logging.shutdown()
     sys.stdout.flush()
@@ -281,27 +278,32 @@ def this_process() -> Launch:
     return _RUNNING[-1] if _RUNNING else Launch.from_environ()
 
 
-class rank0_task:  # noqa: N801 - used as a decorator, named like one
-    """Make a Hydra task function train as one run in every process a launcher runs it in (put it under
-    `@reports_user_errors`).
+def rank0_task(follow: Follow) -> Callable[[Callable[[Any], Any]], Rank0Task]:
+    """`@rank0_task(follow)` over a Hydra task function (under `@reports_user_errors`): see Rank0Task."""
+    return functools.partial(Rank0Task, follow=follow)
+
+
+class Rank0Task:
+    """A Hydra task function that trains as one run in every process a launcher runs it in: rank 0 runs it,
+    the other ranks `follow` the job it shares.
 
     Called from this process's own `Launch.run` (torchrun, srun, plain python), the task just runs. Called by
     a Hydra launcher in a job of its own (submitit: every task of the job gets here), the job's `Launch.run`
-    starts here: task 0 runs the task, the others train along; a user error becomes `JobFailed`.
+    starts here: task 0 runs the task, the others `follow` it; a user error becomes `JobFailed`.
 
     A class, not a closure: submitit pickles the task function into the job, and a closure would travel with
     copies of this module's globals (the launching process's `_RUNNING`); an instance travels by reference.
     """
 
-    def __init__(self, task: Callable[[Any], Any]) -> None:
-        self.task = task
+    def __init__(self, task: Callable[[Any], Any], follow: Follow) -> None:
+        self.task, self.follow = task, follow
         functools.update_wrapper(self, task)
 
     def __call__(self, cfg: Any) -> Any:
         if _RUNNING:
             return self.task(cfg)
         try:
-            launch = Launch.from_environ()
+            launch = Launch.from_environ(self.follow)
             launch.in_job = True
             return launch.run(lambda: self.task(cfg))
         except (UserError, OSError) as e:

@@ -15,9 +15,13 @@ Every key of the config falls in one of three kinds:
     neither    where and how it runs or reports (device.*, logging.*, eval_every, ckpt_every, strategy, ...):
                silent.
 
-The checkpoint's config is meta.json's `config`; a key it predates means its default. After the data is
-prepared, `check_data` adds what the keys cannot show: the corpus' own content (its fingerprint) and the
-tokenizer's files must be the checkpoint's too.
+The run's number of processes must be the checkpoint's (`check_world_size`): every rank's position in its
+own data stream is part of the saved state.
+
+The checkpoint's config is meta.json's `config`; a key it predates means its default. The keys cannot show
+the corpus' own content: the run prepares its data expecting the checkpoint's corpus (`corpus_of`), so a
+changed corpus is refused before anything is prepared for it (`corpus_changed` says so), and `check_data`
+then checks that the prepared data's tokenizer files are the checkpoint's too.
 """
 
 from __future__ import annotations
@@ -28,14 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from minigpt.checkpoint.format import TOKENIZER_HASHES, read_meta
-from minigpt.data.config import DataConfig, TokenizerConfig
-from minigpt.data.prepare import NOT_SHAPING, CorpusChanged, GivenTokenizer, PreparedData, prepare_dataset
+from minigpt.cluster.dist_env import DistEnv
+from minigpt.data.prepare import NOT_SHAPING, PreparedData
 from minigpt.data.verify import TOKENIZER_DIR, folder_digests
 from minigpt.errors import UserError
-from minigpt.training import distributed
 from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
-from minigpt.training.dist_env import DistEnv
 from minigpt.training.optim import LRSchedule
 from minigpt.training.step import grad_accum_steps
 
@@ -56,7 +58,7 @@ def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> 
     if resume_from is None:
         return None
     meta = read_meta(resume_from)
-    distributed.check_resume_world_size(meta.get("world_size", 1), env, resume_from)
+    check_world_size(meta.get("world_size", 1), env, resume_from)
     tc = cfg.trainer
     block = cfg.model.block_size
     tokens = tc.batch_size * block * env.world_size * grad_accum_steps(tc, block, env.world_size)
@@ -69,19 +71,21 @@ def check_same_run(resume_from: Path | None, cfg: TrainConfig, env: DistEnv) -> 
     return meta
 
 
-def prepare_data(data: DataConfig, tokenizer: TokenizerConfig | GivenTokenizer, progress: bool,
-                 meta: dict[str, Any] | None, resume_from: Path | None) -> PreparedData:
-    """The run's data; a resumed run's must be its checkpoint's: the same corpus, tokenised by the same
-    tokenizer (same_run.check_data). A changed corpus is refused before anything is prepared for it."""
-    expected = ((meta or {}).get("data") or {}).get("fingerprint")
-    try:
-        prepared = prepare_dataset(data, tokenizer, Path(data.cache_dir), progress=progress,
-                                   expect_fingerprint=expected)
-    except CorpusChanged as e:
-        raise UserError(corpus_changed(resume_from, e.expected, e.found)) from None
-    if meta is not None:
-        check_data(meta, prepared, resume_from)
-    return prepared
+def corpus_of(meta: dict[str, Any] | None) -> str | None:
+    """The fingerprint of the corpus a checkpoint (its meta.json) was trained on; None: no checkpoint, or
+    one that predates fingerprints."""
+    return ((meta or {}).get("data") or {}).get("fingerprint")
+
+
+def check_world_size(saved: int, env: DistEnv, path: object) -> None:
+    """Refuse to resume a checkpoint written by another number of processes: every rank's position in its own
+    data stream is part of the saved state, and tokens per step scale with the process count."""
+    if saved == env.world_size:
+        return
+    how = ("plain `python scripts/train.py`" if saved == 1
+           else f"`torchrun --nproc_per_node={saved} scripts/train.py ...` or `make train-ddp NPROC={saved}`")
+    raise UserError(f"checkpoint {path} was written by {saved} process(es) but this run has "
+                    f"{env.world_size}; resume it with {saved} (launch with {how})")
 
 
 def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

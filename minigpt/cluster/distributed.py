@@ -31,10 +31,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from minigpt.cluster import peers
+from minigpt.cluster.dist_env import DistEnv
 from minigpt.errors import UserError
-from minigpt.training import peers
-from minigpt.training.config import STRATEGIES
-from minigpt.training.dist_env import DistEnv
 
 log = logging.getLogger(__name__)
 # A collective that waits longer than this is a hang (a rank died or took another code path). torch's default
@@ -169,9 +168,10 @@ def main_process_first(env: DistEnv) -> Iterator[None]:
 def wrap_model(model: nn.Module, strategy: str, env: DistEnv, device: torch.device) -> nn.Module:
     """The module the training steps run through: `model` itself (one process), DDP around it, or `model`
     sharded in place by FSDP2. Load weights into `model` before calling this; build the optimizer after it
-    (FSDP replaces the parameters by sharded DTensors)."""
-    if strategy not in STRATEGIES:
-        raise UserError(f"trainer.strategy={strategy!r} is not one of: {', '.join(STRATEGIES)}")
+    (FSDP replaces the parameters by sharded DTensors). `strategy` is ddp or fsdp (trainer.strategy, which
+    the training config checks)."""
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"unknown strategy {strategy!r}")
     if not env.enabled:
         return model
     if strategy == "ddp":
@@ -286,14 +286,3 @@ def whole_model(model: nn.Module, env: DistEnv) -> nn.Module | None:
         whole = build_model(model.config)
     whole.load_state_dict(weights)
     return whole
-
-
-def check_resume_world_size(saved: int, env: DistEnv, path: object) -> None:
-    """Refuse to resume a checkpoint written by another number of processes: every rank's position in its own
-    data stream is part of the saved state, and tokens per step scale with the process count."""
-    if saved == env.world_size:
-        return
-    how = ("plain `python scripts/train.py`" if saved == 1
-           else f"`torchrun --nproc_per_node={saved} scripts/train.py ...` or `make train-ddp NPROC={saved}`")
-    raise UserError(f"checkpoint {path} was written by {saved} process(es) but this run has "
-                    f"{env.world_size}; resume it with {saved} (launch with {how})")
