@@ -29,8 +29,8 @@ class GenerateConfig:
     weights_dtype: str = "auto"
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
     # torch.compile the decode step (minigpt/fast/step.py): true, false, or auto: where the tokens asked for
-    # are expected to pay for compiling (minigpt/generation/auto.py)
-    compile: str = "auto"
+    # are expected to pay for compiling (generation/auto.py); not the default: docs/decoding.md says why
+    compile: str = "false"
     cache_dir: str = "outputs/data"  # the data cache folder: compiled decode steps are kept in its decode/
     draft: str | None = None  # speculative decoding: a smaller checkpoint, same tokenizer, proposes tokens
     num_draft_tokens: int = 4  # tokens the draft proposes per forward of the model (with draft=)

@@ -250,7 +250,8 @@ def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path
 
 def test_compile_auto_says_in_the_summary_what_it_chose_and_why(ckpt: Path):
     """Nothing compiled on this machine yet (an empty cache folder): eager, and the summary says why."""
-    _, err = generate_in_process(f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=4", "device=cpu")
+    _, err = generate_in_process(f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=4", "device=cpu",
+                                 "compile=auto")
     summary = err.strip().splitlines()[-1]
     assert summary.endswith("| compile=auto: eager: nothing compiled on this machine yet to say what "
                             "compiling costs (compile=true)")
