@@ -1,9 +1,9 @@
 """What a decode step chose and compiled, kept per machine, model shape and dtype, so that a later run starts
 decoding at once instead of choosing and compiling again.
 
-    StepCache(folder)       one record per key in `folder`: the plan that passed the numbers gate, the notes
-                            of the measurements behind it, how long choosing and compiling took, and, for
-                            a compiled step, Inductor's artifacts
+    StepCache(folder)       one record per key in `folder`: the plan that passed the numbers gate, the lines
+                            saying what was measured on the way, how long choosing and compiling took, and,
+                            for a compiled step, Inductor's artifacts
     step_key(model, rows)   what a choice depends on: the machine (`this_machine`), the model's config, its
                             weights' and activations' dtype, the rows decoded and whether it is compiled
 
