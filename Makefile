@@ -9,7 +9,7 @@ TORCH_INDEX ?=# e.g. https://download.pytorch.org/whl/cpu: PyTorch's CPU-only bu
 
 .DEFAULT_GOAL := help
 .PHONY: help install test test-fast lint train generate tensorboard bench train-ddp prepare docs speedrun ablation \
-	scaling device-wheels
+	scaling compare device-wheels
 
 # The `## ` comments are read from this file as text, so a variable named in one is filled in here.
 help: ## list the targets
@@ -88,16 +88,20 @@ ablation: install ## the baseline and each ablation x SEEDS seeds (3) at equal F
 	$(call sweep,ablation,$(ABLATIONS),$(ABLATION_DIR))
 	$(PY) scripts/ablation_report.py sweep=$(ABLATION_DIR) $(if $(UPDATE_DOCS),docs=true)
 
-# The scaling ladder: files of configs/experiment/scaling/, one width each, all at the tokens-per-parameter
-# ratio of scaling/ladder.yaml; the largest is held out (the fit on the others predicts it). One seed per
-# size unless SEEDS is given: the fit's residuals are its noise.
-SCALING ?= w032 w048 w064 w096 w128
-SCALING_DIR ?= outputs/scaling/$(STAMP)
+# The scaling ladder: the IsoFLOP profiles of configs/scaling.yaml (sizes of configs/experiment/scaling/ at
+# budgets of FLOPs, 2 seeds each), two runs at a time, then the fit of L(N, D) and the held-out check. Run it
+# again to resume a stopped ladder (ARGS="out=outputs/scaling/<name>": another ladder).
+scaling: install ## the IsoFLOP ladder, a fit of L(N, D) with bootstrap intervals, checked at a larger budget; UPDATE_DOCS=1: also docs/scaling.md
+	$(PY) scripts/scaling.py $(if $(UPDATE_DOCS),docs=true) $(ARGS)
 
-scaling: SEEDS = 1
-scaling: install ## the SCALING sizes at one tokens-per-parameter ratio, a power law of val bpb vs FLOPs, checked on the largest; UPDATE_DOCS=1: also docs/scaling.md
-	$(call sweep,scaling,$(SCALING),$(SCALING_DIR))
-	$(PY) scripts/scaling.py sweep=$(SCALING_DIR) $(if $(UPDATE_DOCS),docs=true)
+# A comparison decided by paired seeds: CANDIDATE against BASELINE, each a space-separated list of overrides of
+# train.py (an experiment file, or keys), handed to scripts/compare.py as Hydra lists of quoted strings.
+BASELINE ?= experiment=speedrun/default
+CANDIDATE ?=
+override_list = [$(subst $() ,$(comma),$(foreach o,$(1),"$(o)"))]
+
+compare: install ## CANDIDATE vs BASELINE (train.py overrides), paired seeds until better/worse/equivalent (docs/comparisons.md)
+	$(PY) scripts/compare.py 'baseline=$(call override_list,$(BASELINE))' 'candidate=$(call override_list,$(CANDIDATE))' $(ARGS)
 
 # A CUDA machine without network whose image has torch, tiktoken, safetensors, tensorboard, transformers,
 # matplotlib and tqdm (and their own requirements: numpy, PyYAML, packaging) lacks these: their wheels travel in

@@ -8,6 +8,7 @@ Read in this order, the layering of README's "Layout" (nothing imports what is l
     device/       where it runs and in which precision
     sampling/     logits -> tokens, the KV-cached decoding loop
     checkpoint/   the checkpoint format and its one loader
+    fast/         the workshop: the fastest decode step here that gives the plain step's tokens
     interop/      other formats: Hugging Face, GGUF, lm-eval
     inspect/      scoring a text, attention maps, plotting
     cluster/      several processes: the launchers' variables, the process group, a rank that dies

@@ -19,6 +19,7 @@ from minigpt.interop.config import ExportConfig, ImportHFConfig
 from minigpt.lab.config import (
     AblationReportConfig,
     BenchConfig,
+    CompareConfig,
     DecodingDocConfig,
     LossCurvesConfig,
     PEPlotsConfig,
@@ -39,6 +40,7 @@ SCHEMAS = {
     "pe_plots_schema": PEPlotsConfig, "loss_curves_schema": LossCurvesConfig, "bench_schema": BenchConfig,
     "speedrun_schema": SpeedrunConfig, "ablation_report_schema": AblationReportConfig,
     "scaling_schema": ScalingConfig, "export_schema": ExportConfig, "import_hf_schema": ImportHFConfig,
+    "compare_schema": CompareConfig,
     "tricks_report_schema": TricksReportConfig, "decoding_doc_schema": DecodingDocConfig,
     "update_docs_schema": UpdateDocsConfig,
 }

@@ -27,10 +27,12 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint.load import load_model
+    from minigpt.device.threads import set_threads
     from minigpt.inspect.attention_maps import attention_figure, select
     from minigpt.inspect.plotting import save_png
 
     config = to_object(cfg, AttentionMapsConfig)
+    set_threads(config.device.threads)  # one per free core
     model, tokenizer, _ = load_model(config.checkpoint, config.device.type, config.weights_dtype)
     ids = [tokenizer.eot_id, *tokenizer.encode(config.prompt)][-config.max_tokens :]
     layers = select(config.layers, model.config.n_layer, "layers")

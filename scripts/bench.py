@@ -28,13 +28,13 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     import torch
 
+    from minigpt.device.threads import set_threads
     from minigpt.lab.bench.report import format_report, write_json
     from minigpt.lab.bench.sections import select_sections
     from minigpt.lab.bench.suite import run_suite
 
     c = to_object(cfg, BenchConfig)
-    if c.threads is not None:
-        torch.set_num_threads(c.threads)
+    threads = set_threads(c.threads)
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if c.device == "auto" else c.device
     if kind == "cuda" and not torch.cuda.is_available():
         raise UserError("device=cuda but no CUDA device is available (use device=cpu or device=auto)")
@@ -43,6 +43,7 @@ def main(cfg: DictConfig) -> None:
     results = run_suite(select_sections(c.only), torch.device(kind), quick=c.quick, compile_=c.compile,
                         log=log)
     results["machine"]["wall_s"] = time.perf_counter() - start
+    results["machine"]["threads_reason"] = threads.reason
     print(format_report(results))
     if c.json_out is not None:
         write_json(results, Path(c.json_out))

@@ -33,8 +33,11 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="../configs", config_name="evaluate")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
+    from minigpt.device.threads import set_threads
+
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, EvaluateConfig)
+    set_threads(config.device.threads)  # one per free core
     if config.harness_tasks:
         from minigpt.interop.harness import run_harness, scores, summary_table
 

@@ -31,10 +31,12 @@ def _read_line() -> str | None:
 @hydra.main(version_base="1.3", config_path="../configs", config_name="generate")
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
+    from minigpt.device.threads import set_threads
     from minigpt.generation.run import load_for_generation, run_interactive, run_samples
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     config = to_object(cfg, GenerateConfig)
+    set_threads(config.device.threads)  # one per free core (the summary line says how many)
     loaded = load_for_generation(config)
     if config.interactive:
         run_interactive(config, loaded, _read_line, sys.stdout, sys.stderr)

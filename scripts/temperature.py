@@ -24,6 +24,7 @@ register_configs()
 @reports_user_errors
 def main(cfg: DictConfig) -> None:
     from minigpt.checkpoint.load import load_model
+    from minigpt.device.threads import set_threads
     from minigpt.generation.text import encode_prompt
     from minigpt.lab.temperature import (
         entropy_curve,
@@ -33,6 +34,7 @@ def main(cfg: DictConfig) -> None:
     )
 
     config = to_object(cfg, TemperatureConfig)
+    set_threads(config.device.threads)  # one per free core
     model, tokenizer, _ = load_model(config.checkpoint, config.device.type, config.weights_dtype)
     logits = next_token_logits(model, encode_prompt(tokenizer, config.prompt))[: tokenizer.vocab_size]
     out = Path(config.out) if config.out else Path(HydraConfig.get().runtime.output_dir) / "temperature.png"

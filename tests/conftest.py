@@ -38,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "configs"
 
 # Two CPU cores are shared by the whole suite: one intra-op thread per test process keeps runs predictable.
+# OMP_NUM_THREADS is also the most minigpt's measured thread choice uses (device/threads.py), in this process
+# and in the commands the tests start, so no command measures the load unless its test asks for it.
+os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
 
 TEST_SEED = 0

@@ -6,7 +6,7 @@
                 resolved model config and full config, the tokenizer, the data folder, the latest
                 validation numbers with what they were measured on, the model FLOPs trained, the
                 non-embedding parameter count (the N of 6N FLOPs per token) and the machine that
-                trained them (CPU, cores, device, the dtype the matmuls ran in), so runs from
+                trained them (CPU, cores, threads, device, the dtype the matmuls ran in), so runs from
                 different machines can be compared at equal FLOPs
 
 `format.py` writes and reads these files; training (`training/trainer.py`) fills them, `training/start.py`
@@ -24,6 +24,7 @@ import torch
 from minigpt.checkpoint.format import TOKENIZER
 from minigpt.data.encode import cpu_count
 from minigpt.device.probe import cpu_model
+from minigpt.device.threads import ThreadChoice
 
 
 def finite_or_none(x: float) -> float | None:
@@ -69,11 +70,13 @@ def progress_of(state: dict[str, Any]) -> Progress:
                     first_val_loss=state["first_val_loss"], best_val_loss=state["best_val_loss"])
 
 
-def machine_record(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """What a run's speed and numerics depend on: CPU model and cores, the device (and GPU name), the dtype
-    the matmuls run in (`device.dtype=auto` resolved), torch."""
+def machine_record(device: torch.device, dtype: torch.dtype, threads: ThreadChoice) -> dict[str, Any]:
+    """What a run's speed and numerics depend on: CPU model and cores, the threads it started with and why
+    (`device.threads` unset: the free cores, measured), the device (and GPU name), the dtype the matmuls run
+    in (`device.dtype=auto` resolved), torch."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"cpu": cpu_model(), "cores": cpu_count(), "device": device.type, "gpu": gpu,
+    return {"cpu": cpu_model(), "cores": cpu_count(), "threads": threads.threads,
+            "threads_reason": threads.reason, "device": device.type, "gpu": gpu,
             "dtype": str(dtype).removeprefix("torch."), "torch": torch.__version__}
 
 

@@ -151,7 +151,8 @@ def run_samples(
     for text in texts[1:]:
         out.write(SEPARATOR + prompt + text)
     out.write("\n")
-    err.write(stats.summary() + (f" | {loaded.chose}" if loaded.chose else "") + "\n")
+    chose = f" | {loaded.chose}" if loaded.chose else ""
+    err.write(f"{stats.summary()} | threads: {torch.get_num_threads()}{chose}\n")
     return texts, stats
 
 

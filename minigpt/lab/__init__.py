@@ -7,7 +7,14 @@
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     ablation.py         the ablation lab's measurements of each run (loss, gradients, attention entropy)
     ablation_report.py  its table, figures and the block of docs/ablation.md, over seeds
-    scaling.py          scripts/scaling.py: a power law of val bpb against FLOPs over model sizes, checked
+    compare_sequential.py  the confidence sequence that decides a comparison, and its simulation
+    compare_runs.py     training runs as Hydra multiruns of train.py, side by side or a few at a time
+    compare.py          scripts/compare.py: paired seeds until better, worse, equivalent or the cap
+    compare_speed.py    its speed gate: the same losses first, then tokens per second
+    compare_report.py   its printed report and the blocks of docs/comparisons.md
+    scaling_fit.py      L(N, D) = E + A/N^alpha + B/D^beta: the Huber fit, the bootstrap, the optimum
+    scaling.py          scripts/scaling.py: IsoFLOP profiles fitted, a larger budget predicted, then run
+    scaling_report.py   its JSON, figure, TensorBoard logs and the block of docs/scaling.md
     shape_walk.py       scripts/shape_walk.py: every tensor shape of a forward pass, step by step
     pe_plots.py         scripts/pe_plots.py: positional encodings drawn
     loss_curves.py      scripts/loss_curves.py: training curves of several runs, read from TensorBoard files

@@ -17,7 +17,6 @@ what the design claims for the piece the run removes (`ROWS`, written once) and 
 from __future__ import annotations
 
 import json
-import math
 import re
 import shutil
 import statistics
@@ -37,10 +36,11 @@ from minigpt.lab.ablation import (
     reference_losses,
     run_name,
 )
-from minigpt.lab.runs import budget_unit, machines, per_seed, replace_block
+from minigpt.lab.runs import budget_unit, failed_jobs, failed_note, machines, per_seed, replace_block
 from minigpt.lab.stats import ALPHA, Interval, Paired, mean_interval, paired_comparison
 
 BEGIN, END = "<!-- ablation:begin -->", "<!-- ablation:end -->"
+UNTESTED = "; *1 seed: no test*: one difference has no spread to judge it by"  # said where a row has one
 BASELINE = "baseline"
 CONTINUATION_CHARS = 40  # continuations are cut to this many characters in the table
 SPREAD_RATIO = 4.0  # a row whose interval is this many times the baseline's says its seeds disagree
@@ -172,12 +172,13 @@ def write_report(sweep_dir: Path, doc: Path | None = None) -> list[Path]:
             raise UserError(f"doc={doc} does not exist (the file that holds the ablation report)")
         with_block(doc.read_text(), "", str(doc))
     runs = find_lab_runs(sweep_dir)
+    failed = failed_jobs(sweep_dir)
     if run_name(runs[0]) != BASELINE:
         raise UserError(f"{sweep_dir} has no baseline run first (found {run_name(runs[0])!r}); run the lab "
                         "with `make ablation`, which trains experiment=ablation/baseline first")
     results = [measure_run(run) for run in runs]
     report = {"sweep": str(sweep_dir), "references": reference_losses(runs[0]),
-              "runs": [r.to_dict() for r in results]}
+              "runs": [r.to_dict() for r in results], "failed": failed}
     json_path = sweep_dir / "ablation.json"
     json_path.write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     png = save_png(lab_figure(lab_rows(results)), sweep_dir / "ablation.png")
@@ -251,13 +252,14 @@ def render_block(report: dict, figure: str) -> str:
         f"({base.scored_bytes:,} bytes), in eval mode (causal); mean ± 95% interval over the seeds (Student "
         "t); Δ: the mean difference of val loss from the baseline run of the same seed, ± its 95% interval, "
         f"with the two-sided p-value of the paired t-test (*noise*: p ≥ {ALPHA}, not distinguishable from "
-        "the baseline); the other columns: means over the seeds (geometric for gradient norms). On these "
+        f"the baseline{UNTESTED if any(r.versus and not r.versus.tested for r in rows) else ''}); the other "
+        "columns: means over the seeds (geometric for gradient norms). On these "
         "tokens a uniform guess scores "
         f"ln V = {ref['uniform']:.2f} nats/token and the train split's unigram frequencies, which ignore the "
         f"input, {ref['unigram']:.2f}. Continuations (of the first seed's run) start from the first "
         f"{PROMPT_TOKENS} validation tokens, {_md_text(base.prompt, limit=200)}.",
         "", f"![the ablation lab: loss curves, gradient norms and attention entropy per layer]({figure})", "",
-        *render_table(rows), "",
+        *render_table(rows), *failed_note(report.get("failed")), "",
     ]
     for row in rows:
         lines += [render_paragraph(row, rows[0], ref), ""]
@@ -285,9 +287,8 @@ def render_table(rows: list[LabRow]) -> list[str]:
 def _versus_cells(versus: Paired | None) -> list[str]:
     if versus is None:
         return ["-", "-"]
-    noise = " (noise)" if versus.within_noise() else ""
-    p = "-" if math.isnan(versus.p_value) else f"{versus.p_value:.2g}"
-    return [versus.difference.text(signed=True) + noise, p]
+    return [versus.difference.text(signed=True) + versus.label(),
+            f"{versus.p_value:.2g}" if versus.tested else "-"]
 
 
 def render_paragraph(row: LabRow, base: LabRow, ref: dict[str, float]) -> str:
@@ -299,8 +300,11 @@ def render_paragraph(row: LabRow, base: LabRow, ref: dict[str, float]) -> str:
         return text + f"It reaches {row.loss.text(2)} nats/token ({row.bpb.text(2)} bits/byte) over {seeds}."
     d, p = row.versus.difference, row.versus.p_value
     side = "above" if d.mean >= 0 else "below"
-    p_text = "no p-value" if math.isnan(p) else f"p = {p:.2g}"
-    if row.versus.within_noise():
+    p_text = "1 seed: no test" if not row.versus.tested else f"p = {p:.2g}"
+    if not row.versus.tested:
+        text += (f"The run: val loss {row.loss.text(2)} nats/token, {d.mean:+.2f} from the baseline's "
+                 f"{base.loss.mean:.2f} ({p_text}: one seed says nothing about noise)")
+    elif row.versus.within_noise():
         text += (f"The runs: val loss {row.loss.text(2)} nats/token, within noise of the baseline's "
                  f"{base.loss.mean:.2f} (Δ {d.text(2, signed=True)}, {p_text})")
     else:
@@ -355,8 +359,9 @@ def lab_figure(rows: list[LabRow]) -> Figure:
         for ax, field in ((ax_grad, "grad_norms"), (ax_ent, "attn_entropy")):
             per_layer = list(zip(*(getattr(r, field) for r in row.runs), strict=True))
             means = row.layer_means(field)
-            spread = [[m - min(v) for m, v in zip(means, per_layer, strict=True)],
-                      [max(v) - m for m, v in zip(means, per_layer, strict=True)]]
+            # clamped: one seed's geometric "mean" can differ from its only value in the last bit
+            spread = [[max(m - min(v), 0.0) for m, v in zip(means, per_layer, strict=True)],
+                      [max(max(v) - m, 0.0) for m, v in zip(means, per_layer, strict=True)]]
             ax.errorbar(range(len(means)), means, yerr=spread, marker="o", capsize=3, **style)
     ax_grad.set_yscale("log")
     ax_train.set(title="training loss (training mode: no_causal_mask sees the next token)",

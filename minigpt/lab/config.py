@@ -8,6 +8,7 @@
     SpeedrunConfig       scripts/speedrun.py        configs/speedrun.yaml        lab/speedrun.py
     AblationReportConfig scripts/ablation_report.py configs/ablation_report.yaml lab/ablation_report.py
     ScalingConfig        scripts/scaling.py         configs/scaling.yaml         lab/scaling.py
+    CompareConfig        scripts/compare.py         configs/compare.yaml         lab/compare*.py
     TricksReportConfig   scripts/tricks_report.py   configs/tricks_report.yaml   lab/tricks.py
     DecodingDocConfig    scripts/decoding_doc.py    configs/decoding_doc.yaml    lab/bench/report_decoding.py
     UpdateDocsConfig     scripts/update_docs.py     configs/update_docs.yaml     lab/generated_docs.py
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
+from minigpt.device.config import InferenceDeviceConfig, check_threads, check_weights_dtype
 from minigpt.errors import UserError
 from minigpt.model.config import ModelConfig
 
@@ -99,7 +100,7 @@ class BenchConfig:
     quick: bool = False  # small sizes and few repeats: under a minute
     only: list[str] = field(default_factory=list)  # sections (or aliases) to run; empty: the default suite
     json_out: str | None = None  # also write the results as JSON here
-    threads: int | None = None  # intra-op CPU threads; None: one per core
+    threads: int | None = None  # intra-op CPU threads; None: one per free core (device/threads.py)
     device: str = "auto"  # auto (cuda if available, else cpu) | cpu | cuda
     compile: bool | None = None  # include torch.compile contenders; None: yes, except when quick
 
@@ -107,8 +108,7 @@ class BenchConfig:
         from minigpt.lab.bench.sections import select_sections
 
         select_sections(self.only)  # a UserError naming an unknown section
-        if self.threads is not None and self.threads < 1:
-            raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
+        check_threads("threads", self.threads)
         if self.device not in ("auto", "cpu", "cuda"):
             raise UserError(f"device={self.device!r} is not one of: auto, cpu, cuda")
 
@@ -134,13 +134,85 @@ class AblationReportConfig:
 
 
 @dataclass
-class ScalingConfig:
-    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): the fit and check of a `make scaling` ladder."""
+class LadderProfile:
+    """One budget of the scaling ladder and the sizes (files of configs/experiment/scaling/) trained at it."""
 
-    sweep: str | None = None  # the multirun folder of `make scaling`; None: the newest in outputs/scaling
+    flops: float
+    sizes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ScalingConfig:
+    """Root of `configs/scaling.yaml` (`scripts/scaling.py`): train, fit and check a scaling ladder."""
+
+    # the IsoFLOP profiles the fit is made on: each spans under 1 to 6-33 tokens per parameter
+    profiles: list[LadderProfile] = field(default_factory=lambda: [
+        LadderProfile(3e11, ["w016", "w032", "w048"]),
+        LadderProfile(6e11, ["w016", "w032", "w048", "w064"]),
+        LadderProfile(1.5e12, ["w016", "w032", "w048", "w064", "w096"])])
+    # predicted from the profiles' fit, then trained: twice the largest profile's compute
+    held_out: LadderProfile = field(default_factory=lambda: LadderProfile(3e12, ["w048"]))
+    seeds: int = 2  # per point
+    first_seed: int = 1337
+    out: str = "outputs/scaling/ladder"  # the ladder's folder: run the command again to resume it
+    train: bool = True  # train what is missing; false: score the finished runs, fit and report
+    jobs: int = 2  # runs at once
+    threads: int | None = 1  # intra-op threads per run; None: one per core
+    train_args: list[str] = field(default_factory=list)  # more overrides of every run: hydra/launcher=...
+    bootstrap: int = 200  # refits for the intervals
     docs: bool = False  # also copy scaling.json and scaling.png beside `doc` and rewrite its block
     doc: str = "docs/scaling.md"  # the file holding the ladder between its scaling markers
 
+    def __post_init__(self) -> None:
+        for key in ("seeds", "jobs", "bootstrap"):
+            if getattr(self, key) < 1:
+                raise UserError(f"{key}={getattr(self, key)} must be at least 1")
+        if self.seeds < 2:
+            raise UserError(f"seeds={self.seeds}: a ladder point needs at least 2 seeds (their spread is "
+                            "part of what the fit must explain)")
+
+
+COMPARE_MODES = ("quality", "speed", "simulate")
+
+
+@dataclass
+class CompareConfig:
+    """Root of `configs/compare.yaml` (`scripts/compare.py`): a baseline against a candidate, seeds until the
+    verdict (mode=quality), the same-losses-then-speed gate (mode=speed), or the sequential test's simulated
+    error rate and power (mode=simulate)."""
+
+    # overrides of scripts/train.py; the default: the default run at the speedrun's FLOPs budget
+    baseline: list[str] = field(default_factory=lambda: ["experiment=speedrun/default"])
+    candidate: list[str] = field(default_factory=list)
+    budget: list[str] = field(default_factory=list)  # overrides after each arm's; empty: the arms' own budget
+    mode: str = "quality"
+    name: str | None = None  # the comparison's name in reports; None: the candidate's overrides
+    out: str | None = None  # its folder; None: outputs/compare/<name>
+    metric: str = "bits_per_byte"  # or val_loss; lower is better
+    min_effect: float = 0.01  # the smallest difference that matters, in the metric's unit
+    alpha: float = 0.05  # the error rate of each verdict
+    max_pairs: int = 12  # the seed cap
+    first_seed: int = 1337
+    pairs_per_look: int = 1  # pairs trained before each look (in parallel with a cluster launcher)
+    prior_scale: float = 2.0  # the sequential test's tau (lab/compare_sequential.py)
+    side_by_side: bool = True  # train the two arms of a pair at once
+    threads: int | None = 1  # intra-op threads per run; None: one per core
+    train_args: list[str] = field(default_factory=list)  # more overrides of every run: hydra/launcher=...
+    steps: int = 50  # mode=speed: optimizer steps per run
+    repeats: int = 3  # mode=speed: runs per arm
+    tolerance: float = 0.0  # mode=speed: largest loss difference still "the same" (0: bit for bit)
+    docs: bool = False  # also merge into `results` and rewrite the block in `doc`
+    render: bool = False  # run nothing: rewrite the block in `doc` from `results`
+    results: str = "docs/comparisons.json"
+    doc: str = "docs/comparisons.md"
+
+    def __post_init__(self) -> None:
+        if self.mode not in COMPARE_MODES:
+            raise UserError(f"mode={self.mode!r} is not one of: {', '.join(COMPARE_MODES)}")
+        if self.threads is not None and self.threads < 1:
+            raise UserError(f"threads={self.threads} must be at least 1 (or null: one per core)")
+        if self.tolerance < 0:
+            raise UserError(f"tolerance={self.tolerance} must be >= 0")
 
 @dataclass
 class TricksReportConfig:

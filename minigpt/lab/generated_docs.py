@@ -1,9 +1,9 @@
 """What the tools write under docs/, and how `scripts/update_docs.py` (`make docs`) makes it again.
 
     DOCS           whole files: what a tool prints for a fixed command (`python scripts/<tool>.py <args>`)
-    PERFORMANCE    docs/performance.md's block between its bench markers: the bench's own report of
-                   docs/bench.json, the committed `python scripts/bench.py json_out=docs/bench.json` run (the
-                   rest of the page is written by hand)
+    PERFORMANCE    docs/performance.md's blocks between their markers: the bench's own report of each
+                   committed run, docs/bench.json (`python scripts/bench.py json_out=docs/bench.json`) and
+                   docs/busy.json (its busy section); the rest of the page is written by hand
 
 docs/decoding.md is of the first kind: `scripts/decoding_doc.py` prints the page with its own block between
 the bench markers rendered from docs/decoding.json (`decoding_page`). tests/project/test_docs.py fails when a
@@ -31,17 +31,19 @@ DOCS = {
     "docs/decoding.md": ("decoding_doc", ["results=docs/decoding.json", "doc=docs/decoding.md"]),
 }
 BENCH_JSON, PERFORMANCE = "docs/bench.json", "docs/performance.md"
-BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+# docs/performance.md's generated blocks: marker name -> the committed bench run it shows
+PERFORMANCE_RUNS = {"bench": BENCH_JSON, "busy": "docs/busy.json"}
 DECODING_COMMAND = "python scripts/bench.py 'only=[decoding]' json_out=docs/decoding.json"
 
 
-def with_block(page: str, block: str, name: str) -> str:
-    """`page` with the text between its bench markers replaced by `block`; UserError naming the page `name`
-    where the markers are not there."""
-    start, end = page.find(BEGIN), page.find(END)
-    if start < 0 or end < start:
-        raise UserError(f"{name} has no {BEGIN} ... {END} block to write the bench's numbers into")
-    return page[:start + len(BEGIN)] + block + page[end:]
+def with_block(page: str, block: str, name: str, marker: str = "bench") -> str:
+    """`page` with the text between its `marker` markers replaced by `block`; UserError naming the page
+    `name` where the markers are not there."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    start, stop = page.find(begin), page.find(end)
+    if start < 0 or stop < start:
+        raise UserError(f"{name} has no {begin} ... {end} block to write the bench's numbers into")
+    return page[:start + len(begin)] + block + page[stop:]
 
 
 def read_results(file: Path) -> dict:
@@ -69,12 +71,15 @@ def decoding_page(results: Path, doc: Path) -> str:
 
 
 def performance_page(root: Path) -> str:
-    """docs/performance.md with the bench's report of docs/bench.json between its markers."""
+    """docs/performance.md with the bench's report of each of PERFORMANCE_RUNS between its markers."""
     from minigpt.lab.bench.report import format_report
 
-    note = f"<!-- written by scripts/update_docs.py from {BENCH_JSON}; do not edit by hand -->"
-    block = "\n".join(["", note, "", "```", format_report(read_results(root / BENCH_JSON)), "```", ""])
-    return with_block((root / PERFORMANCE).read_text(encoding="utf-8"), block, PERFORMANCE)
+    page = (root / PERFORMANCE).read_text(encoding="utf-8")
+    for marker, run in PERFORMANCE_RUNS.items():
+        note = f"<!-- written by scripts/update_docs.py from {run}; do not edit by hand -->"
+        block = "\n".join(["", note, "", "```", format_report(read_results(root / run)), "```", ""])
+        page = with_block(page, block, PERFORMANCE, marker)
+    return page
 
 
 def tool_output(root: Path, tool: str, args: list[str]) -> str:

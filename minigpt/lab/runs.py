@@ -15,6 +15,11 @@ what the result depends on and what it cost,
 so rows from two machines can be put in one file and compared at equal FLOPs. `summarize` turns the rows
 into one line per (config, budget): the mean and 95% interval over the seeds, and the paired comparison
 with the baseline config of the same budget (`stats.py`).
+
+A sweep whose jobs did not all finish is not reported as if they had: `sweep_jobs` returns the jobs that
+used their whole budget, and `failed_jobs` names the others, those that stopped early (an error, a signal,
+a diverged run: no checkpoint, or one short of the budget) and those that never started (a multirun stops at
+the first job that exits, so the jobs after it have no folder; `multirun.yaml` says how many there were).
 """
 
 from __future__ import annotations
@@ -60,12 +65,26 @@ class RunRecord:
 
 def job_overrides(run: Path) -> list[str]:
     """The overrides Hydra recorded for this job (`.hydra/overrides.yaml`, a YAML list of strings)."""
-    from omegaconf import OmegaConf
-
     path = Path(run) / ".hydra" / "overrides.yaml"
     if not path.is_file():
         raise UserError(f"{run} has no .hydra/overrides.yaml: is it a run folder of scripts/train.py?")
-    return [str(o) for o in OmegaConf.load(path)]
+    overrides = _load_yaml(path)
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise UserError(f"{path} is not a list of overrides (key=value strings); it is damaged: restore it, "
+                        "or move the run out of the sweep")
+    return overrides
+
+
+def _load_yaml(path: Path):
+    """`path`'s YAML as plain data; a file that does not parse is one line naming it."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{path} cannot be read as YAML ({cause}); it is damaged: restore it, or move the "
+                        "run out of the sweep") from None
 
 
 def config_label(overrides: list[str]) -> str:
@@ -163,20 +182,112 @@ def summarize(rows: list[RunRecord], baseline: str, metric: str = "val_loss") ->
 
 
 def sweep_jobs(sweep_dir: Path, command: str) -> list[Path]:
-    """The trained runs of a multirun folder (each with checkpoints/last), in job order: `<job number>`,
-    `<job number>_<name>...`; `command` is what makes such a sweep, for the error message."""
+    """The finished runs of a multirun folder (a checkpoint at the end of the budget), in job order:
+    `<job number>`, `<job number>_<name>...`; `command` is what makes such a sweep, for the error message."""
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise UserError(f"{sweep_dir} is not a folder; pass the sweep folder `{command}` wrote")
-    runs = [p for p in sweep_dir.iterdir() if (p / "checkpoints" / "last" / "meta.json").is_file()]
+    runs = sorted((p for p in _job_folders(sweep_dir) if finished(p)), key=_job_order)
     if not runs:
-        raise UserError(f"no trained runs (checkpoints/last) in {sweep_dir}; run `{command}` first")
+        raise UserError(f"no finished runs (checkpoints/last at the end of the budget) in {sweep_dir}; run "
+                        f"`{command}` first")
+    return runs
 
-    def job_order(p: Path) -> tuple[int, str]:
-        head = p.name.split("_", 1)[0]
-        return (int(head) if head.isdigit() else 1 << 30, p.name)
 
-    return sorted(runs, key=job_order)
+def failed_jobs(sweep_dir: Path) -> list[dict]:
+    """The jobs of a multirun folder that did not finish, as `{"job": ..., "reason": ...}`: started ones by
+    their folder, those that never started as `job <number>` (see the module docstring)."""
+    sweep_dir = Path(sweep_dir)
+    out = [{"job": p.name, "reason": _why_unfinished(p)}
+           for p in sorted(_job_folders(sweep_dir), key=_job_order) if not finished(p)]
+    started = {_job_order(p)[0] for p in _job_folders(sweep_dir)}
+    expected = expected_jobs(sweep_dir)
+    for number in range(expected or 0):
+        if number not in started:
+            out.append({"job": f"job {number}", "reason": "never started (the sweep stopped before it)"})
+    return out
+
+
+def failed_note(failed: list[dict] | None) -> list[str]:
+    """A report's lines naming the jobs of its sweep that did not finish (their configs show fewer seeds)."""
+    if not failed:
+        return []
+    jobs = "; ".join(f"`{f['job']}`: {f['reason']}" for f in failed)
+    return ["", f"**Not in the table: {len(failed)} job(s) of the sweep did not finish** ({jobs})."]
+
+
+def finished(run: Path) -> bool:
+    """Whether `run`'s last checkpoint was written at the end of its budget (not by a run that stopped)."""
+    from minigpt.training.budget import Budget, parse_duration
+
+    path = Path(run) / "checkpoints" / "last"
+    if not (path / "meta.json").is_file():
+        return False
+    meta = ckpt.read_meta(path)
+    trainer, tokens = meta["config"]["trainer"], int(meta["tokens_seen"])
+    max_time = trainer.get("max_time")
+    budget = Budget(max_steps=trainer.get("max_steps"), max_tokens=trainer.get("max_tokens"),
+                    max_seconds=None if max_time is None else parse_duration(max_time),
+                    max_flops=trainer.get("max_flops"),
+                    max_tokens_per_param=trainer.get("max_tokens_per_param"),
+                    flops_per_token=float(meta.get("flops") or 0.0) / max(tokens, 1) or 1.0,
+                    params=int(meta.get("params") or 1))
+    return budget.done(int(meta["step"]), float(meta.get("train_seconds") or 0.0), tokens)
+
+
+def expected_jobs(sweep_dir: Path) -> int | None:
+    """How many jobs the multirun in `sweep_dir` launched: the product of the lengths of its `a,b,c` sweeps
+    (Hydra's `multirun.yaml`); None where it cannot tell (no file, or a range/glob sweep)."""
+    path = Path(sweep_dir) / "multirun.yaml"
+    if not path.is_file():
+        return None
+    config = _load_yaml(path)
+    try:
+        overrides = config["hydra"]["overrides"]["task"]
+    except (KeyError, TypeError):
+        raise UserError(f"{path} has no hydra.overrides.task: it is not Hydra's multirun record") from None
+    count = 1
+    for override in overrides:
+        value = str(override).split("=", 1)[-1]
+        if value.startswith(("range(", "glob(", "interval(", "tag(", "sort(", "shuffle(")):
+            return None
+        count *= len(sweep_values(value.removeprefix("choice(").removesuffix(")")))
+    return count
+
+
+def sweep_values(value: str) -> list[str]:
+    """`a,b,[c,d]` -> [`a`, `b`, `[c,d]`]: Hydra's sweep commas, not those inside brackets or quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(value):
+        if quote:
+            quote = "" if ch == quote and value[i - 1] != "\\" else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(value[start:i])
+            start = i + 1
+    return [*parts, value[start:]]
+
+
+def _job_folders(sweep_dir: Path) -> list[Path]:
+    """The folders of a multirun's jobs: those Hydra recorded a job in (`.hydra/`)."""
+    return [p for p in Path(sweep_dir).iterdir() if p.is_dir() and (p / ".hydra").is_dir()]
+
+
+def _job_order(p: Path) -> tuple[int, str]:
+    head = p.name.split("_", 1)[0]
+    return (int(head) if head.isdigit() else 1 << 30, p.name)
+
+
+def _why_unfinished(run: Path) -> str:
+    if not (run / "checkpoints" / "last" / "meta.json").is_file():
+        return "no checkpoint: it failed before its first one (its train.log says why)"
+    step = ckpt.read_meta(run / "checkpoints" / "last")["step"]
+    return f"stopped at step {step}, before the end of its budget (its train.log says why)"
 
 
 def newest_sweep(root: Path, command: str) -> Path:

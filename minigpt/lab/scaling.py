@@ -1,231 +1,246 @@
-"""The scaling ladder: val bits per byte against training FLOPs over a series of model sizes, as a power law.
+"""The scaling ladder: IsoFLOP profiles, a fit of L(N, D), a prediction at a larger budget, then its run.
 
-`make scaling` trains the sizes of `configs/experiment/scaling/` (the default run's block at several widths,
-head size 32) as one Hydra multirun, every size at the same ratio of training tokens to non-embedding
-parameters (`trainer.max_tokens_per_param`), so a size's FLOPs grow as its parameter count squared. Then
-`scripts/scaling.py sweep=<folder>` scores every run on the whole val split (as the speedrun does) and fits,
-on every size but the largest,
+`make scaling` (scripts/scaling.py) trains the default run's block (`configs/experiment/scaling/w*.yaml`: the
+demo model at several widths, heads of 16) at a few budgets of model FLOPs (`trainer.max_flops`), several
+widths at each, every point with `seeds` seeds: an IsoFLOP profile per budget, the loss against the model
+size at equal compute, whose minimum is the compute-optimal size for that budget. Every run is scored on the
+whole val split (as the speedrun scores) and becomes a row of `<out>/ladder.json` as soon as it is, so a
+stopped ladder resumes where it stopped. Then, in this order:
 
-    bpb = a * C^(-alpha)        C: training FLOPs (GPT.flops_per_token x tokens)
+1. fit L(N, D) = E + A/N^alpha + B/D^beta to every run of the profiles (scaling_fit.py), with bootstrap
+   intervals;
+2. predict the held-out points, sizes trained at a budget larger than any profile's, and write the
+   predictions into ladder.json *before* those runs are trained;
+3. train the held-out points, and say whether each measured loss (the mean over its seeds) lies inside its
+   95% prediction interval: the bootstrap's spread of the fitted law at that (N, D), widened by the spread
+   of a mean of that many runs around the law (the refit's own residuals, drawn at random).
 
-as a straight line through (log C, log bpb) by least squares. The largest size is held out: the fit predicts
-its bpb before its run is looked at, with a 95% prediction interval for a new point,
-
-    log bpb* = log a - alpha * log C*  ±  t(0.975, n - 2) * s * sqrt(1 + 1/n + (x* - mean x)^2 / Sxx)
-
-(x = log C, s the residuals' standard deviation with n - 2 degrees of freedom, Sxx = sum (x - mean x)^2),
-and the report says whether the measured bpb falls inside. A change to the model or the recipe can then be
-judged by whether it moves the whole curve, not one point. Four sizes give two degrees of freedom, so the
-interval is wide; a pure power law has no floor (the loss of a model that has learned everything), so the fit
-holds for the range it was fitted on and a little beyond, not for far larger models.
-
-The report: scaling.json (every point, the fit, the check), scaling.png (the points, the fit and its
-interval on log-log axes) and the same figure and points in TensorBoard (`tb/`: scalars `scaling/val_bpb`
-and `scaling/fit_bpb` against the FLOPs as the step, image `scaling/fit`). With several seeds per size the
-points are the seeds' means.
+A ladder is one kind of budget: every run must have trained exactly its profile's FLOPs and nothing else
+limits it (`check_budgets`): a run stopped by another limit, or a mix of budgets, is refused, naming each run
+and the tokens per parameter it really trained. The report (scaling_report.py) is scaling.json, scaling.png,
+scaling.md and TensorBoard logs in `<out>`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import shutil
+import os
 from pathlib import Path
 
 import numpy as np
-from matplotlib.figure import Figure
-from scipy import stats as scipy_stats
 
 from minigpt.errors import UserError
-from minigpt.inspect.plotting import figure_to_rgb, new_figure, save_png
-from minigpt.lab.runs import RunRecord, machines, replace_block, sweep_jobs
-from minigpt.lab.stats import CONFIDENCE
+from minigpt.lab.compare_runs import Multirun, failure_line, run_pool
+from minigpt.lab.runs import RunRecord, budget_label, finished
+from minigpt.lab.scaling_fit import LossLaw, bootstrap, fit_law, interval
 
-BEGIN, END = "<!-- scaling:begin -->", "<!-- scaling:end -->"
-TAGS = {"measured": "scaling/val_bpb", "fit": "scaling/fit_bpb", "figure": "scaling/fit"}
+STATE = "ladder.json"
+CONFIDENCE = 0.95
 
 
 @dataclasses.dataclass(frozen=True)
-class PowerLaw:
-    """bpb = a * C^(-alpha), fitted in log-log space on `n` points; `s` is the residuals' standard deviation
-    (log space) and `x_mean`, `sxx` are what a prediction interval needs."""
+class Point:
+    """One size at one budget."""
 
-    a: float
-    alpha: float
-    n: int
-    s: float
-    x_mean: float
-    sxx: float
-    r2: float
+    size: str  # the file of configs/experiment/scaling/
+    flops: float  # trainer.max_flops
+    held_out: bool = False
 
-    def __call__(self, flops: float) -> float:
-        return self.a * flops ** (-self.alpha)
+    @property
+    def budget(self) -> str:
+        return budget_label({"max_flops": self.flops})
 
-    def interval(self, flops: float, confidence: float = CONFIDENCE) -> tuple[float, float]:
-        """The `confidence` prediction interval of one new point's bpb at `flops` (see the module)."""
-        x = math.log(flops)
-        t = float(scipy_stats.t.ppf(0.5 + confidence / 2, df=self.n - 2))
-        half = t * self.s * math.sqrt(1 + 1 / self.n + (x - self.x_mean) ** 2 / self.sxx)
-        centre = math.log(self(flops))
-        return math.exp(centre - half), math.exp(centre + half)
+    def folder(self, out: Path) -> Path:
+        return out / f"flops{self.flops:.3g}"
+
+    def run_dir(self, out: Path, seed: int) -> Path:
+        return self.folder(out) / f"{self.size}_seed{seed}"
 
 
-def fit_power_law(flops: list[float], bpb: list[float]) -> PowerLaw:
-    """Least squares of log bpb on log C (scipy's linregress); at least 3 points (1 degree of freedom)."""
-    if len(flops) < 3:
-        raise UserError(f"a power-law fit with an interval needs at least 3 sizes besides the held-out one "
-                        f"(found {len(flops)}); add sizes to the ladder")
-    x, y = np.log(flops), np.log(bpb)
-    line = scipy_stats.linregress(x, y)
-    residuals = y - (line.intercept + line.slope * x)
-    s = float(np.sqrt((residuals ** 2).sum() / (len(x) - 2)))
-    x_mean = float(x.mean())
-    return PowerLaw(a=math.exp(line.intercept), alpha=-float(line.slope), n=len(x), s=s, x_mean=x_mean,
-                    sxx=float(((x - x_mean) ** 2).sum()), r2=float(line.rvalue ** 2))
+def ladder_points(profiles: list[tuple[float, list[str]]], held_out: tuple[float, list[str]]) -> list[Point]:
+    """Every point of the ladder: the profiles', then the held-out ones. At least 3 profiles of 2 sizes."""
+    if len(profiles) < 3 or any(len(sizes) < 2 for _, sizes in profiles):
+        raise UserError(f"a ladder needs at least 3 budgets (profiles) of at least 2 sizes each; got "
+                        f"{[(f'{f:g}', len(s)) for f, s in profiles]}")
+    largest = max(f for f, _ in profiles)
+    if not held_out[1] or held_out[0] <= largest:
+        raise UserError(f"held_out must name sizes at a budget above the profiles' largest ({largest:g} "
+                        "FLOPs)")
+    return [*(Point(s, f) for f, sizes in profiles for s in sizes), *(Point(s, held_out[0], True)
+                                                                      for s in held_out[1])]
+
+
+def load_state(path: Path) -> dict:
+    if not path.exists():
+        return {"runs": [], "failed": [], "prediction": None}
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+        [RunRecord(**_record_fields(r)) for r in state["runs"]]
+        state.setdefault("failed", [])
+        state.setdefault("prediction", None)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError(f"{path} is not a ladder's results file ({type(e).__name__}: {e}); move it away to "
+                        "start again") from None
+    return state
+
+
+def save_state(path: Path, state: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _record_fields(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("size", "held_out")}
+
+
+def records(state: dict, held_out: bool) -> list[tuple[str, RunRecord]]:
+    return [(r["size"], RunRecord(**_record_fields(r))) for r in state["runs"] if r["held_out"] == held_out]
+
+
+def score_finished(points: list[Point], seeds: list[int], out: Path, state: dict, score) -> set:
+    """Score every finished run of `points` not in `state` yet (trained before the ladder was stopped, or by
+    hand: a resumed finished run would refuse); returns the (size, budget, seed) of every scored run."""
+    done = {(r["size"], r["budget"], r["seed"]) for r in state["runs"]}
+    for p in points:
+        for seed in seeds:
+            if (p.size, p.budget, seed) not in done and finished(p.run_dir(out, seed)):
+                state["runs"].append({"size": p.size, "held_out": p.held_out,
+                                      **dataclasses.asdict(score(p.run_dir(out, seed)))})
+                done.add((p.size, p.budget, seed))
+                save_state(out / STATE, state)
+    return done
+
+
+def train_points(points: list[Point], seeds: list[int], out: Path, state: dict, score, train_args: list[str],
+                 threads: int | None, jobs: int) -> None:
+    """Train and score every (point, seed) not in `state` yet: one multirun per point (its seeds one after
+    the other), `jobs` points at a time; each run's row saved as soon as its point is done. Failed runs are
+    named in `state` and in the error."""
+    done = score_finished(points, seeds, out, state, score)
+    todo = [(p, tuple(s for s in seeds if (p.size, p.budget, s) not in done)) for p in points]
+    todo = [(p, missing) for p, missing in todo if missing]
+    multiruns = [Multirun((f"experiment=scaling/{p.size}", f"trainer.max_flops={p.flops:g}"), missing,
+                          p.folder(out), out / "logs" / f"{p.size}-flops{p.flops:.3g}.log",
+                          prefix=f"{p.size}_") for p, missing in todo]
+
+    def trained(i: int) -> None:
+        point, missing = todo[i]
+        for seed in missing:
+            row = dataclasses.asdict(score(multiruns[i].run_dir(seed)))
+            state["runs"].append({"size": point.size, "held_out": point.held_out, **row})
+        save_state(out / STATE, state)
+
+    failed = run_pool(multiruns, train_args, threads, jobs, on_finished=trained)
+    state["failed"] = [{"run": str(run), "reason": failure_line(run, log)} for _, run, log in failed]
+    save_state(out / STATE, state)
+    if failed:
+        raise UserError(f"{state['failed'][0]['reason']} ({len(failed)} run(s) failed, all named in "
+                        f"{out / STATE}); run the same command again to train what is missing")
+
+
+def check_budgets(rows: list[tuple[str, RunRecord]], points: list[Point]) -> None:
+    """Every run trained its own point's FLOPs budget and no other (see the module docstring)."""
+    budgets = {p.budget for p in points}
+    wrong = [(size, r) for size, r in rows if r.budget not in budgets]
+    if wrong:
+        shown = "; ".join(f"{size} seed {r.seed}: {r.budget or 'no budget'}, {r.tokens / r.params:.3g} "
+                          "tokens per parameter" for size, r in wrong)
+        raise UserError(f"a ladder compares runs at equal FLOPs, but these trained another budget: {shown}; "
+                        f"retrain them at trainer.max_flops alone")
+
+
+def fit_points(rows: list[tuple[str, RunRecord]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(N, D, L) of every run: parameters, tokens, val loss."""
+    columns = ([r.params for _, r in rows], [r.tokens for _, r in rows], [r.val_loss for _, r in rows])
+    n, d, loss = (np.array(c, dtype=float) for c in columns)
+    return n, d, loss
+
+
+def predict(law: LossLaw, fits: list[tuple[LossLaw, np.ndarray]], n: float, d: float, seeds: int,
+            rng: np.random.Generator) -> dict:
+    """The fitted loss at (n, d) with the bootstrap interval of the law, and the prediction interval of a
+    mean of `seeds` new runs (each refit's prediction times the exp of the mean of `seeds` of its
+    residuals, drawn at random)."""
+    centre = [float(f(n, d)) for f, _ in fits]
+    noisy = [c * float(np.exp(rng.choice(res, size=seeds).mean()))
+             for c, (_, res) in zip(centre, fits, strict=True)]
+    return {"params": n, "tokens": d, "predicted": float(law(n, d)),
+            "law_interval": list(interval(centre, CONFIDENCE)), "interval": list(interval(noisy, CONFIDENCE))}
+
+
+def planned_shape(point: Point, rows: list[tuple[str, RunRecord]]) -> tuple[int, int]:
+    """(N, D) a held-out point will train, before it runs: its size's parameters, and the tokens of the first
+    step at or past its FLOPs (FLOPs per token and tokens per step read from the size's runs)."""
+    runs = [r for size, r in rows if size == point.size]
+    if not runs:
+        raise UserError(f"held-out size {point.size} is in no profile: train it at a smaller budget too, so "
+                        "that its parameters and cost per token are known before it is predicted")
+    r = runs[0]
+    per_step, per_token = r.tokens // r.steps, r.flops / r.tokens
+    steps = int(np.ceil(point.flops / (per_token * per_step)))
+    return r.params, steps * per_step
 
 
 @dataclasses.dataclass
-class Point:
-    """One size of the ladder: the means over its seeds' runs."""
+class Ladder:
+    """A fitted ladder: the state (runs, prediction), the fit and its bootstrap refits."""
 
-    name: str
-    params: int
-    flops: float
-    tokens: float
-    bpb: float
-    seeds: int
-
-
-def points(rows: list[RunRecord], names: list[str]) -> list[Point]:
-    """One point per size (`names[i]` is row i's size), smallest model first."""
-    groups: dict[str, list[RunRecord]] = {}
-    for name, row in zip(names, rows, strict=True):
-        groups.setdefault(name, []).append(row)
-    out = [Point(name, runs[0].params, _mean([r.flops for r in runs]), _mean([r.tokens for r in runs]),
-                 _mean([r.bits_per_byte for r in runs]), len(runs)) for name, runs in groups.items()]
-    return sorted(out, key=lambda p: p.params)
+    state: dict
+    law: LossLaw
+    fits: list[tuple[LossLaw, np.ndarray]]
+    points: list[Point]
+    seeds: list[int]
 
 
-def ladder_report(rows: list[RunRecord], names: list[str], sweep: str) -> dict:
-    """Fit every size but the largest, predict the largest: the report as plain data (scaling.json)."""
-    ladder = points(rows, names)
-    if len(ladder) < 2:
-        raise UserError(f"{sweep} holds {len(ladder)} size(s); a ladder needs the sizes it fits and one more "
-                        "to hold out")
-    fitted, held = ladder[:-1], ladder[-1]
-    law = fit_power_law([p.flops for p in fitted], [p.bpb for p in fitted])
-    low, high = law.interval(held.flops)
-    check = {"name": held.name, "flops": held.flops, "predicted": law(held.flops), "low": low, "high": high,
-             "measured": held.bpb, "inside": low <= held.bpb <= high}
-    ratio = _mean([p.tokens / p.params for p in ladder])
-    return {"sweep": sweep, "tokens_per_param": ratio, "points": [dataclasses.asdict(p) for p in ladder],
-            "fit": dataclasses.asdict(law), "check": check, "runs": [dataclasses.asdict(r) for r in rows]}
+def run_ladder(points: list[Point], seeds: list[int], out: Path, score, *, train: bool = True,
+               train_args: tuple[str, ...] = (), threads: int = 1, jobs: int = 2, repeats: int = 200,
+               rng_seed: int = 0) -> Ladder:
+    """Train the profiles, fit, predict the held-out points (saved before they train), train them."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = load_state(out / STATE)
+    profile, held = [p for p in points if not p.held_out], [p for p in points if p.held_out]
+    if train:
+        train_points(profile, seeds, out, state, score, list(train_args), threads, jobs)
+    else:
+        score_finished(profile, seeds, out, state, score)
+    rows = records(state, held_out=False)
+    if not rows:
+        raise UserError(f"no finished runs in {out / STATE}; train the ladder first (train=true)")
+    check_budgets(rows, profile)
+    n, d, loss = fit_points(rows)
+    law = fit_law(n, d, loss)
+    fits = bootstrap(n, d, loss, law, repeats, np.random.default_rng(rng_seed))
+    have = {(size, r.budget, r.seed) for size, r in rows}
+    complete = all((p.size, p.budget, s) in have for p in profile for s in seeds)
+    if state["prediction"] is None and complete:  # a prediction is made once, from the whole profile set
+        rng = np.random.default_rng(rng_seed + 1)
+        state["prediction"] = {p.size: {"flops": p.flops, **predict(law, fits, *planned_shape(p, rows),
+                                                                    len(seeds), rng)} for p in held}
+        save_state(out / STATE, state)
+    if train:
+        train_points(held, seeds, out, state, score, list(train_args), threads, jobs)
+    elif state["prediction"] is not None:  # held-out runs are scored only against a prediction made before
+        score_finished(held, seeds, out, state, score)
+    check_budgets(records(state, held_out=True), held)
+    return Ladder(state, law, fits, points, seeds)
 
 
-def scaling_figure(report: dict) -> Figure:
-    """Log-log: the fitted sizes, the fit and its 95% prediction band, the held-out size and its
-    prediction."""
-    law, check = PowerLaw(**report["fit"]), report["check"]
-    ladder = [Point(**p) for p in report["points"]]
-    fig = new_figure(8, 5.5)
-    ax = fig.subplots()
-    grid = np.geomspace(ladder[0].flops / 1.5, check["flops"] * 1.5, 100)
-    bands = np.array([law.interval(c) for c in grid])
-    ax.fill_between(grid, bands[:, 0], bands[:, 1], color="C0", alpha=0.15, label="95% prediction interval")
-    ax.plot(grid, [law(c) for c in grid], color="C0",
-            label=f"fit: bpb = {law.a:.3g} · C^-{law.alpha:.3f} (R² {law.r2:.3f})")
-    fitted = ladder[:-1]
-    ax.plot([p.flops for p in fitted], [p.bpb for p in fitted], "o", color="black", label="fitted sizes")
-    ax.errorbar([check["flops"]], [check["predicted"]], fmt="s", mfc="none", color="C0", capsize=4,
-                yerr=[[check["predicted"] - check["low"]], [check["high"] - check["predicted"]]],
-                label=f"predicted {check['name']}: {check['predicted']:.3f}")
-    ax.plot([check["flops"]], [check["measured"]], "*", ms=13, color="C3",
-            label=f"measured {check['name']}: {check['measured']:.3f}")
-    for p in ladder:
-        ax.annotate(f"{p.name} ({p.params / 1e6:.2f}M)", (p.flops, p.bpb), textcoords="offset points",
-                    xytext=(6, 6), fontsize=8)
-    ax.set(xscale="log", yscale="log", xlabel="training FLOPs (GPT.flops_per_token x tokens)",
-           ylabel="val bits per byte (whole split)",
-           title=f"scaling ladder at {_tokens(report['tokens_per_param'])} per parameter")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return fig
+def default_run_shape(run: Path) -> dict:
+    """The default run (`make train`: TrainConfig's defaults) with the tokenizer of the ladder's run `run`:
+    its non-embedding parameters and training tokens."""
+    import torch
 
-
-def write_tensorboard(report: dict, fig: Figure, log_dir: Path) -> None:
-    """The points and the fit as scalars against the FLOPs (the step), and the figure as an image."""
-    from torch.utils.tensorboard import SummaryWriter  # imported lazily: it pulls in tensorboard
-
-    law = PowerLaw(**report["fit"])
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
-        for p in report["points"]:
-            step = round(p["flops"])
-            writer.add_scalar(TAGS["measured"], p["bpb"], step)
-            writer.add_scalar(TAGS["fit"], law(p["flops"]), step)
-        writer.add_image(TAGS["figure"], figure_to_rgb(fig), 0, dataformats="HWC")
-
-
-def render_block(report: dict, figure: str) -> str:
-    """The doc's block, markers included: the figure, the points, the fit and the held-out check."""
-    law, check = PowerLaw(**report["fit"]), report["check"]
-    lines = [BEGIN, "<!-- written by scripts/scaling.py from docs/scaling.json; do not edit by hand -->", "",
-             f"![val bits per byte against training FLOPs, with the power-law fit]({figure})", "",
-             "| size | non-embedding parameters | seeds | tokens | FLOPs | val bits per byte | fit |",
-             "|---|---|---|---|---|---|---|"]
-    for p in (Point(**p) for p in report["points"]):
-        role = "held out" if p.name == check["name"] else f"{law(p.flops):.3f}"
-        cells = [p.name, f"{p.params:,}", str(p.seeds), f"{p.tokens:,.0f}", f"{p.flops:.3g}", f"{p.bpb:.3f}",
-                 role]
-        lines.append("| " + " | ".join(cells) + " |")
-    verdict = "inside" if check["inside"] else "outside"
-    error = 100 * (check["measured"] / check["predicted"] - 1)
-    lines += ["", f"Fit on the {law.n} smaller sizes: bpb = {law.a:.3g} · C^-{law.alpha:.4f} (R² "
-              f"{law.r2:.4f}, residual s = {law.s:.2g} in log bpb). Predicted for {check['name']} at "
-              f"{check['flops']:.3g} FLOPs: {check['predicted']:.3f} bits/byte (95% prediction interval "
-              f"{check['low']:.3f} to {check['high']:.3f}); its run measured {check['measured']:.3f} "
-              f"({error:+.1f}%), {verdict} the interval. Every size trains "
-              f"{_tokens(report['tokens_per_param'])} per non-embedding parameter. Measured on: "
-              f"{machines([RunRecord(**r) for r in report['runs']])}.", END]
-    return "\n".join(lines)
-
-
-def update_doc(text: str, block: str, name: str) -> str:
-    """`text` with the block between the markers replaced by `block`."""
-    return replace_block(text, BEGIN, END, block, name)
-
-
-def _tokens(ratio: float) -> str:
-    return f"{ratio:.3g} token" + ("" if f"{ratio:.3g}" == "1" else "s")
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def write_report(sweep: Path, doc: Path | None) -> tuple[list[Path], str]:
-    """Score the ladder's runs, fit and check, and write scaling.json, scaling.png, scaling.md and tb/ into
-    `sweep`; with `doc`, also copy the JSON and the figure beside it and rewrite its block. Returns the paths
-    written and the block. A missing doc or markers are refused before anything is scored."""
     from minigpt.checkpoint.format import read_meta
-    from minigpt.lab.speedrun import score_run
+    from minigpt.model.factory import build_model
+    from minigpt.training.config import TrainConfig
 
-    if doc is not None:
-        if not doc.is_file():
-            raise UserError(f"doc={doc} does not exist (the file that holds the scaling ladder)")
-        update_doc(doc.read_text(encoding="utf-8"), "", doc.name)
-    jobs = sweep_jobs(sweep, "make scaling")
-    names = [read_meta(job / "checkpoints" / "last")["config"]["run_name"] or job.name for job in jobs]
-    report = ladder_report([score_run(job) for job in jobs], names, str(sweep))
-    fig = scaling_figure(report)
-    json_path, png, md = sweep / "scaling.json", save_png(fig, sweep / "scaling.png"), sweep / "scaling.md"
-    json_path.write_text(json.dumps(report, indent=1) + "\n")
-    md.write_text(f"# Scaling ladder: {sweep}\n\n{render_block(report, png.name)}\n")
-    write_tensorboard(report, fig, sweep / "tb")
-    written = [json_path, png, md, sweep / "tb"]
-    if doc is not None:
-        written += [Path(shutil.copy(json_path, doc.parent / "scaling.json")),
-                    Path(shutil.copy(png, doc.parent / "scaling.png")), doc]
-        text = doc.read_text(encoding="utf-8")
-        doc.write_text(update_doc(text, render_block(report, "scaling.png"), doc.name), encoding="utf-8")
-    return written, render_block(report, png.name)
+    cfg = TrainConfig()
+    if cfg.trainer.max_steps is None:
+        raise UserError("the default run has no step budget; its tokens per parameter cannot be stated")
+    vocab = read_meta(run / "checkpoints" / "last")["model_config"]["vocab_size"]
+    with torch.device("meta"):  # shapes only: no memory, no time
+        model = build_model(cfg.model, vocab_size=vocab)
+    return {"params": model.num_params(),
+            "tokens": cfg.trainer.max_steps * cfg.trainer.batch_size * cfg.model.block_size}

@@ -35,6 +35,8 @@ from minigpt.lab.runs import (
     ConfigSummary,
     RunRecord,
     budget_unit,
+    failed_jobs,
+    failed_note,
     machines,
     read_record,
     replace_block,
@@ -59,21 +61,24 @@ def score_run(run: Path) -> RunRecord:
 # ---------------------------------------------------------------------------------------------- results
 
 
-def new_results(rows: list[RunRecord]) -> dict:
-    """A results file for one sweep: its rows, compared with the config of its first job."""
+def new_results(rows: list[RunRecord], failed: list[dict] | None = None) -> dict:
+    """A results file for one sweep: its rows, compared with the config of its first job, and the jobs that
+    did not finish (`runs.failed_jobs`)."""
     if not rows:
         raise UserError("no runs to tabulate")
-    return {"baseline": rows[0].config, "rows": [dataclasses.asdict(r) for r in rows]}
+    return {"baseline": rows[0].config, "rows": [dataclasses.asdict(r) for r in rows], "failed": failed or []}
 
 
 def load_results(path: Path) -> dict:
-    """The results JSON (`{"baseline": config, "rows": [...]}`), or an empty one if it does not exist yet."""
+    """The results JSON (`{"baseline": config, "rows": [...], "failed": [...]}`), or an empty one if it does
+    not exist yet."""
     if not path.exists():
-        return {"baseline": None, "rows": []}
+        return {"baseline": None, "rows": [], "failed": []}
     try:
         results = json.loads(path.read_text())
         [RunRecord(**r) for r in results["rows"]]  # every row has exactly the fields of RunRecord
         results.setdefault("baseline", None)
+        results.setdefault("failed", [])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UserError(f"{path} is not a speedrun results file ({e}); fix it, or move it away to start "
                         "a new one") from None
@@ -82,10 +87,11 @@ def load_results(path: Path) -> dict:
 
 def merge(results: dict, new: dict) -> dict:
     """`results` with the rows of `new` added: a rerun (same config, budget, seed and machine) replaces the
-    old row. The baseline stays the one `results` had, if any."""
+    old row. The baseline stays the one `results` had, if any; the failed jobs are the new sweep's."""
     rows = {RunRecord(**r).key: r for r in results["rows"]}
     rows.update({RunRecord(**r).key: r for r in new["rows"]})
-    return {"baseline": results.get("baseline") or new["baseline"], "rows": list(rows.values())}
+    return {"baseline": results.get("baseline") or new["baseline"], "rows": list(rows.values()),
+            "failed": new.get("failed", [])}
 
 
 def ordered(summaries: list[ConfigSummary], baseline: str) -> list[ConfigSummary]:
@@ -109,7 +115,8 @@ def render_table(results: dict) -> str:
                  f"{s.mean('tokens'):,.0f}", f"{s.mean('tokens_per_s'):,.0f}"]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     seeds = sorted({r.seed for r in rows})
-    lines += ["", f"{footnote(seeds)} Measured on: {machines(rows)}.", END]
+    lines += ["", f"{footnote(seeds)} Measured on: {machines(rows)}.", *failed_note(results.get("failed")),
+              END]
     return "\n".join(lines)
 
 
@@ -118,14 +125,15 @@ def versus_cells(s: ConfigSummary) -> list[str]:
     if s.versus is None:
         return ["-", "-"]
     v = s.versus
-    noise = " (noise)" if v.within_noise() else ""
-    return [v.difference.text(signed=True) + noise, "-" if v.p_value != v.p_value else f"{v.p_value:.2g}"]
+    return [v.difference.text(signed=True) + v.label(), f"{v.p_value:.2g}" if v.tested else "-"]
 
 
 def footnote(seeds: list[int]) -> str:
     return (f"Mean ± 95% interval over the seeds ({', '.join(map(str, seeds))}; Student t). vs baseline: the "
             "mean difference from the baseline run of the same seed ± its 95% interval, and the two-sided "
-            f"p-value of the paired t-test; *noise*: p ≥ {ALPHA}, not distinguishable from the baseline. Val "
+            f"p-value of the paired t-test; *noise*: p ≥ {ALPHA}, not distinguishable from the baseline by "
+            "these seeds (a fixed number of seeds; `make compare` adds seeds until it can tell); *1 seed: no "
+            "test*: one seed has no spread to judge its difference by. Val "
             "loss: the whole val split, every token once in disjoint windows of the model's context "
             "(`python scripts/evaluate.py checkpoint=<run> stride=<block_size>`); bits per byte: the same "
             "nats / ln 2 per UTF-8 byte of that text. Steps, tokens and tokens/s: means over the seeds; "
@@ -140,8 +148,8 @@ def update_doc(text: str, table: str, name: str) -> str:
 def write_report(sweep: Path | None, results_path: Path, doc: Path | None) -> tuple[list[Path], str]:
     """Score `sweep`'s runs into its own speedrun.json and speedrun.md; with `doc`, also merge the rows into
     `results_path` and rewrite the table in `doc`. `sweep` None: score nothing, rewrite `doc` from
-    `results_path`. Returns the paths written and the table. A missing doc, markers or a broken results
-    file are refused before anything is scored or written."""
+    `results_path`. Returns the paths written and the table. A missing doc or markers, a broken, missing or
+    empty results file to render from, are refused before anything is scored or written."""
     if sweep is None and doc is None:
         raise ValueError("nothing to score and nothing to render")
     if doc is not None:
@@ -150,9 +158,13 @@ def write_report(sweep: Path | None, results_path: Path, doc: Path | None) -> tu
         text = doc.read_text(encoding="utf-8")
         update_doc(text, "", doc.name)
         results = load_results(results_path)
+        if not results["rows"] and (sweep is None or _has_rows(text)):
+            what = "does not exist" if not results_path.exists() else "holds no rows"
+            raise UserError(f"results={results_path} {what}: the table in {doc} would be rewritten without "
+                            "the rows it shows; check the path (the doc is left as it is)")
     written: list[Path] = []
     if sweep is not None:
-        new = new_results([score_run(job) for job in sweep_jobs(sweep, "make speedrun")])
+        new = new_results([score_run(job) for job in sweep_jobs(sweep, "make speedrun")], failed_jobs(sweep))
         (sweep / "speedrun.json").write_text(json.dumps(new, indent=2) + "\n")
         (sweep / "speedrun.md").write_text(f"# Speedrun: {sweep}\n\n{render_table(new)}\n")
         written += [sweep / "speedrun.json", sweep / "speedrun.md"]
@@ -164,3 +176,9 @@ def write_report(sweep: Path | None, results_path: Path, doc: Path | None) -> tu
     table = render_table(results)
     doc.write_text(update_doc(text, table, doc.name), encoding="utf-8")
     return [*written, doc], table
+
+
+def _has_rows(text: str) -> bool:
+    """Whether the doc's table shows any config (a line of it starts with a backquoted config)."""
+    block = text[text.find(BEGIN): text.find(END)]
+    return any(line.startswith("| `") for line in block.splitlines())

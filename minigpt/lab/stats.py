@@ -20,6 +20,11 @@ is *within noise* when p >= alpha, which is the same as its 95% interval of the 
 (at alpha = 0.05). Differences are identical across seeds only when the two configs compute the same thing:
 then s_d = 0 and p is 1 for d = 0 (no difference) and 0 otherwise.
 
+One shared seed gives one difference and no spread to judge it by: no interval, no p-value, and no verdict,
+"within noise" included (`Paired.label`: "1 seed: no test"). A fixed number of seeds answers "could these
+seeds tell?", not "is there a difference?": scripts/compare.py adds seeds until it can say which
+(compare_sequential.py).
+
 Comparing many rows with one baseline, about one row in twenty that is really no different comes out below
 alpha = 0.05 by chance; read a lone p = 0.03 among eight rows with that in mind (modded-nanogpt asks
 p < 0.01 of a new record). The t quantiles and tail probabilities are scipy's.
@@ -83,9 +88,20 @@ class Paired:
     difference: Interval
     p_value: float  # NaN with fewer than 2 shared seeds
 
+    @property
+    def tested(self) -> bool:
+        """Whether there was a test: at least 2 shared seeds (one difference has no spread to judge it by)."""
+        return not math.isnan(self.p_value)
+
     def within_noise(self, alpha: float = ALPHA) -> bool:
-        """Not distinguishable from the baseline at `alpha` (always, without a p-value)."""
-        return math.isnan(self.p_value) or self.p_value >= alpha
+        """Tested, and not distinguishable from the baseline at `alpha`."""
+        return self.tested and self.p_value >= alpha
+
+    def label(self, alpha: float = ALPHA) -> str:
+        """What the comparison may say: ` (noise)`, ` (1 seed: no test)`, or nothing (a difference)."""
+        if not self.tested:
+            return f" ({self.difference.n} seed: no test)"
+        return " (noise)" if self.within_noise(alpha) else ""
 
 
 def paired_comparison(values: Mapping[int, float], baseline: Mapping[int, float],

@@ -41,7 +41,9 @@ from minigpt.cluster import distributed
 from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer, prepare_dataset
+from minigpt.device.governor import ThreadGovernor
 from minigpt.device.runtime import peak_flops, resolve_runtime
+from minigpt.device.threads import set_threads
 from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
 from minigpt.signals import GracefulStop, signal_name
@@ -95,8 +97,10 @@ class Trainer:
         tc = cfg.trainer
         self.cfg, self.out_dir, self.env, self.check_folder = cfg, Path(out_dir), env, check_folder
         self.resumed_from, self.resumed_step = start.checkpoint, 0
-        # the first log line: device, dtype and why. Rank 0 runs (and caches) the CPU dtype probe first, so
-        # the other ranks read its result and every rank chooses alike.
+        # the first log lines: threads (the free cores, measured), device, dtype and why. Rank 0 runs (and
+        # caches) the CPU dtype probe first, so the other ranks read its result and every rank chooses alike.
+        self.threads = set_threads(cfg.device.threads)
+        log.info("threads: %s", self.threads.describe())
         with distributed.main_process_first(env):
             self.runtime = resolve_runtime(cfg.device, local_rank=env.local_rank,
                                            probe_cache=Path(cfg.data.cache_dir))
@@ -149,7 +153,8 @@ class Trainer:
         self.meter = ThroughputMeter(flops_per_token, peak_flops(cfg.device, self.runtime), env.world_size,
                                      self.runtime.synchronize, clock)
         self.tb = TensorBoardLogger(self.out_dir / "tb", enabled=self.is_main and cfg.logging.tensorboard)
-        self.machine = machine_record(device, self.runtime.dtype)  # saved with every checkpoint
+        self.machine = machine_record(device, self.runtime.dtype, self.threads)  # saved with every checkpoint
+        self.governor = ThreadGovernor(self.threads, enabled=device.type == "cpu")  # re-chosen as load moves
         if state is not None:
             self.progress = restore(state, self.model, self.optimizer, self.scaler, self.loader, env)
             self.resumed_step = self.progress.step
@@ -191,6 +196,7 @@ class Trainer:
                     # every rank ends at the same step, with the lr of rank 0's training clock
                     clock = self.seconds_before + self.meter.seconds
                     stop_signal, p.train_seconds = distributed.agree_on_stop(stop.signum, clock, self.env)
+                    self.governor.step_done(clock, tokens)
                     finished = self.budget.done(p.step, p.train_seconds, p.tokens_seen)
                     if p.step % lc.log_every == 0 or finished:
                         self._log_interval(loss, grad_norm, lr, display)

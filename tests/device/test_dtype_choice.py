@@ -130,15 +130,16 @@ def test_the_real_probe_is_quick_and_sane(tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_the_trainers_first_log_line_says_the_dtype_and_why(make_train_cfg, tmp_path, counting_measure,
-                                                           caplog) -> None:
+def test_the_trainers_first_log_lines_say_the_threads_the_dtype_and_why(make_train_cfg, tmp_path,
+                                                                      counting_measure, caplog) -> None:
     from minigpt.runs.train import train
 
     cfg = make_train_cfg("device.dtype=auto", "trainer.max_steps=1", "logging.sample_tokens=0")
     with caplog.at_level(logging.INFO):
         train(cfg, tmp_path / "run")
-    first = caplog.records[0].getMessage()
-    assert first.startswith("device cpu, autocast dtype bfloat16 (auto: measured 256x256 matmuls"), first
+    first, second = (r.getMessage() for r in caplog.records[:2])
+    assert first == "threads: 1 thread (OMP_NUM_THREADS=1)", first  # the suite's setting (tests/conftest.py)
+    assert second.startswith("device cpu, autocast dtype bfloat16 (auto: measured 256x256 matmuls"), second
     assert (Path(cfg.data.cache_dir) / "device_probe.json").is_file()  # cached beside the prepared data
 
 

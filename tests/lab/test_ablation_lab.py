@@ -115,7 +115,9 @@ def tiny_sweep(tmp_path: Path, corpus_dir: Path) -> Path:
         cfg = _lab(name, *overrides[1:])  # debug=fast shrinks model and budget
         record = {".hydra/overrides.yaml": "".join(f"- {o}\n" for o in overrides)}
         train(cfg, sweep / f"{i}_{name}_seed{seed}", record_files=record)
-    (sweep / "multirun.yaml").write_text("{}\n")
+    swept = ["experiment=ablation/baseline,ablation/no_causal_mask", f"trainer.seed={SEEDS[0]},{SEEDS[1]}"]
+    (sweep / "multirun.yaml").write_text(  # Hydra's record of the sweep: the jobs it launched
+        "hydra:\n  overrides:\n    task:\n" + "".join(f"    - {o}\n" for o in swept))
     return sweep
 
 
@@ -194,10 +196,12 @@ def test_report_refuses_a_folder_without_runs_or_without_a_baseline(tmp_path, ca
     empty = tmp_path / "empty"
     empty.mkdir()
     run = run_script("ablation_report", [f"sweep={empty}"], capsys)
-    assert run.code == 2 and len(run.err_lines) == 1 and "no trained runs" in run.err_lines[0]
+    assert run.code == 2 and len(run.err_lines) == 1 and "no finished runs" in run.err_lines[0]
     meta = tmp_path / "sweep" / "0_no_causal_mask" / "checkpoints" / "last" / "meta.json"
     meta.parent.mkdir(parents=True)
-    meta.write_text(json.dumps({"format_version": 1, "config": {"run_name": "no_causal_mask"}}))
+    (tmp_path / "sweep" / "0_no_causal_mask" / ".hydra").mkdir()  # a finished job: its whole 1-step budget
+    meta.write_text(json.dumps({"format_version": 1, "step": 1, "tokens_seen": 8, "config": {
+        "run_name": "no_causal_mask", "trainer": {"max_steps": 1}}}))
     run = run_script("ablation_report", [f"sweep={tmp_path / 'sweep'}"], capsys)
     assert run.code == 2 and len(run.err_lines) == 1 and "no baseline run first" in run.err_lines[0]
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["0_no_causal_mask"]  # nothing written

@@ -1,19 +1,12 @@
-"""The bench's own measurements and selection: peak memory, other processes' load, section selection and
-the contenders worth running."""
+"""The bench's own measurements and selection: peak memory, the report's line on other processes' load,
+section selection and the contenders worth running."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from minigpt.data.encode import cpu_count
 from minigpt.errors import UserError
-from minigpt.lab.bench import resources
 from minigpt.lab.bench.format import other_load
 from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.lab.bench.sections import select_sections
@@ -47,25 +40,6 @@ def test_bf16_contenders_only_where_bf16_matmuls_are_fast() -> None:
     # best with best: the reference and the simple path run under bf16 autocast too
     assert {"minigpt bf16 simple", "minigpt bf16", "reference bf16", "minigpt compile fp32",
             "minigpt compile bf16"} <= set(names)
-
-
-def test_busy_ticks_are_all_but_idle_and_iowait() -> None:
-    stat = "cpu  100 5 50 1000 20 3 2 0 0 0\ncpu0 50 2 25 500 10 1 1 0 0 0\nintr 1 2 3\n"
-    assert resources.busy_ticks(stat) == 100 + 5 + 50 + 3 + 2  # user nice system irq softirq (steal 0)
-
-
-@pytest.mark.slow
-def test_busy_cores_count_what_others_run_while_the_bench_sleeps(tmp_path: Path) -> None:
-    """A real process kept busy on this machine shows as about one core; a missing /proc/stat as None."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        time.sleep(0.2)
-        busy = resources.busy_cores(seconds=0.5)
-    finally:
-        spinner.kill()
-        spinner.wait()
-    assert busy is not None and 0.8 < busy < cpu_count() + 0.1
-    assert resources.busy_cores(seconds=0.01, stat=tmp_path / "missing") is None
 
 
 @pytest.mark.parametrize(("machine", "said"), [

@@ -83,7 +83,8 @@ def test_pairs_are_made_by_seed_on_the_seeds_both_have():
     assert result.p_value == pytest.approx(two_sided_p(t, 1))
     assert paired_comparison({1: 1.0}, {2: 1.0}) is None
     single = paired_comparison({1: 2.0}, {1: 1.0})
-    assert math.isnan(single.p_value) and single.within_noise()  # one pair: no test, nothing claimed
+    assert math.isnan(single.p_value) and not single.tested and not single.within_noise()  # one pair: no test
+    assert single.label() == " (1 seed: no test)"
 
 
 def test_identical_differences_are_decided_without_a_t_statistic():

@@ -21,11 +21,13 @@ def test_checked_in_doc_matches_the_tool(doc: str, capsys, monkeypatch):
     assert (ROOT / doc).read_text() == run.out, f"{doc} is stale: run `make docs` (scripts/update_docs.py)"
 
 
-def test_the_performance_page_shows_the_committed_bench_run():
-    from minigpt.lab.generated_docs import BENCH_JSON, read_results
+@pytest.mark.parametrize(("marker", "sections"), [("bench", {"peak", "train_S", "train_M"}),
+                                                  ("busy", {"busy"})])
+def test_the_performance_page_shows_the_committed_bench_runs(marker: str, sections: set[str]):
+    from minigpt.lab.generated_docs import PERFORMANCE_RUNS, read_results
 
-    results = read_results(ROOT / BENCH_JSON)
-    assert {"peak", "train_S", "train_M"} <= set(results["sections"]), "a partial bench run"
+    results = read_results(ROOT / PERFORMANCE_RUNS[marker])
+    assert sections <= set(results["sections"]), "a partial bench run"
     assert not [name for name, r in results["sections"].items() if "error" in r], "a failed bench section"
     assert performance_page(ROOT) == (ROOT / PERFORMANCE).read_text(), f"{PERFORMANCE} is stale: `make docs`"
 

@@ -240,6 +240,8 @@ CASES = {
     "train-cuda-missing": (T, ["TRAIN", "device=cuda"], "device=cpu"),
     "train-float16-on-cpu": (T, ["TRAIN", "device.dtype=float16"], "float16"),
     "train-compile-unavailable": (T, ["TRAIN", "device.compile=true"], "device.compile=false"),
+    "train-bad-threads": (T, ["TRAIN", "device.threads=0"], "device.threads=0 must be at least 1"),
+    "train-threads-not-a-number": (T, ["TRAIN", "device.threads=all"], "device.threads"),
     "train-unknown-strategy": (T, ["TRAIN", "trainer.strategy=zero"], "trainer.strategy"),
     "train-unknown-on-nonfinite": (T, ["TRAIN", "trainer.on_nonfinite=ignore"], "trainer.on_nonfinite"),
     # ---- generate
@@ -258,6 +260,7 @@ CASES = {
     "generate-prompt-file-missing": (G, ["checkpoint={w}/run", "prompt_file={w}/nowhere.txt"], "nowhere.txt"),
     "generate-prompt-and-file": (G, ["checkpoint={w}/run", "prompt=hi", "prompt_file={w}/x"], "not both"),
     "generate-cuda-missing": (G, ["checkpoint={w}/run", "device=cuda"], "cuda"),
+    "generate-bad-threads": (G, ["checkpoint={w}/run", "device.threads=-1"], "device.threads=-1"),
     # ---- keys a tool would otherwise accept and ignore
     "generate-training-only-device-key": (G, ["checkpoint={w}/run", "device.compile=true"], "device.compile"),
     "generate-autocast-dtype": (G, ["checkpoint={w}/run", "device.dtype=bfloat16"], "device.dtype"),

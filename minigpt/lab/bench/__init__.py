@@ -2,11 +2,12 @@
 
 Timing itself is the wing's harness (minigpt/fast/timing.py: interleaved rounds, medians), so the bench and
 the decoding choices it reports time alike. Read in this order:
-    resources.py        peak memory of a call, and how many cores other processes keep busy
+    resources.py        peak memory of a call
     peak.py             the denominators of MFU and MBU: this machine's matmul rate and read bandwidth
     reference.py        Hugging Face GPT-2 holding exactly minigpt's weights
     train_step.py       training-step throughput against the reference
     train_loop.py       sustained training with the trainer's own step code (only when asked for)
+    busy.py             training beside a busy loop, threads measured and fixed (only when asked for)
     compile.py          does torch.compile pay for the default run (only when asked for)
     techniques.py       what each technique switch costs per training step (only when asked for)
     generation.py       decoding speed: minigpt's dtypes, eager and compiled, against HF and llama.cpp

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 from minigpt.lab.bench.attention import BACKENDS
+from minigpt.lab.bench.busy import format_busy
 from minigpt.lab.bench.format import mib as _mib
 from minigpt.lab.bench.format import other_load
 from minigpt.lab.bench.format import pct as _pct
@@ -119,7 +120,8 @@ def format_techniques(r: dict) -> list[str]:
 def format_report(results: dict) -> str:
     """The whole report as text; sections missing from `results` are skipped."""
     m = results["machine"]
-    lines = [f"minigpt bench — {m['device']}, {m['threads']} threads, torch {m['torch']}, "
+    why = f" ({m['threads_reason']})" if m.get("threads_reason") else ""
+    lines = [f"minigpt bench — {m['device']}, {m['threads']} threads{why}, torch {m['torch']}, "
              f"{'quick' if m['quick'] else 'full'} run in {m.get('wall_s', 0):.0f} s{other_load(m)}"]
     sections = dict(results["sections"])
     for name, r in list(sections.items()):
@@ -144,6 +146,8 @@ def format_report(results: dict) -> str:
         lines += ["", *format_compile(sections["compile"])]
     if "techniques" in sections:
         lines += ["", *format_techniques(sections["techniques"])]
+    if "busy" in sections:
+        lines += ["", *format_busy(sections["busy"])]
     return "\n".join(lines)
 
 

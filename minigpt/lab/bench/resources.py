@@ -4,8 +4,9 @@
 
 Other processes: a busy core does more than slow the bench down. A parallel op waits at its end for every
 thread, and on a machine whose cores are all taken one of its threads may be descheduled for a whole time
-slice, so a small op can take a thousand times its time. `busy_cores` measures, while the bench sleeps, how
-many cores something else keeps busy; the report states it and warns when it is not near zero.
+slice, so a small op can take a thousand times its time. The suite measures, while the bench sleeps, how
+many cores something else keeps busy (`device/cpu_load.py`); the report states it and warns when it is not
+near zero.
 
 Peak memory: on CUDA, torch's max-allocated counter (reset before each measured call). On CPU,
 the process's resident-set high-water mark (VmHWM), reset through /proc/self/clear_refs on
@@ -19,34 +20,12 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from minigpt.device.probe import synchronize
-
-BUSY_WARNING = 0.25  # cores kept busy by other processes above which the report warns (an idle box: ~0.01)
-
-
-def busy_ticks(stat: str) -> int:
-    """Clock ticks all cores have spent busy (neither idle nor waiting for I/O), from /proc/stat's text."""
-    fields = [int(f) for f in stat.splitlines()[0].split()[1:]]  # the `cpu ` line: every core summed
-    return sum(fields) - fields[3] - fields[4]  # less idle and iowait
-
-
-def busy_cores(seconds: float = 0.5, stat: Path = Path("/proc/stat")) -> float | None:
-    """How many cores other processes kept busy over `seconds` while this one slept (None off Linux)."""
-    try:
-        busy, start = busy_ticks(stat.read_text()), time.monotonic()
-        time.sleep(seconds)
-        busy, elapsed = busy_ticks(stat.read_text()) - busy, time.monotonic() - start
-    except (OSError, ValueError, IndexError):
-        return None
-    return busy / os.sysconf("SC_CLK_TCK") / elapsed
-
 
 # ---------------------------------------------------------------------------------------------- memory
 

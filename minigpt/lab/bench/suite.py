@@ -24,6 +24,8 @@ under a minute, for smoke tests. Sections:
                 eager vs compiled steps, break-even step count
     techniques  (only when asked for) the trainer's step of the default model with each technique switch on,
                 relative to the default's (docs/tricks.md)
+    busy        (only when asked for) training tokens/s alone and beside a busy loop, with the thread count
+                measured and fixed (docs/performance.md)
 
 bf16 contenders of the training step (and the reference's bf16 generation) run only where bf16 matmuls
 are at least half as fast as fp32 ones: on a CPU without native bf16 units (AVX2-only) they are emulated
@@ -45,10 +47,12 @@ import torch
 from minigpt.data.config import DataConfig
 from minigpt.data.encode import cpu_count
 from minigpt.device.config import DeviceConfig
+from minigpt.device.cpu_load import CpuLoad
 from minigpt.device.probe import cpu_model
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.lab.bench.attention import bench_attention
+from minigpt.lab.bench.busy import bench_busy
 from minigpt.lab.bench.compile import bench_compile
 from minigpt.lab.bench.data import bench_data
 from minigpt.lab.bench.decode_accuracy import bench_decode_accuracy
@@ -56,13 +60,15 @@ from minigpt.lab.bench.decode_batch import bench_decode_batch
 from minigpt.lab.bench.default_decode import bench_default_decode
 from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
-from minigpt.lab.bench.resources import BUSY_WARNING, busy_cores
 from minigpt.lab.bench.sections import DECODING
 from minigpt.lab.bench.speculative import bench_speculative
 from minigpt.lab.bench.step_spread import bench_step_spread
 from minigpt.lab.bench.techniques import bench_techniques
 from minigpt.lab.bench.train_loop import bench_train_loop
 from minigpt.lab.bench.train_step import QUICK_SHAPES, SHAPES, bench_train_step
+
+BUSY_WARNING = 0.25  # cores kept busy by other processes above which the report warns (an idle box: ~0.01)
+BUSY_SECONDS = 0.5  # how long the other processes' load is measured, before the run and after it
 
 
 def bf16_units() -> list[str]:
@@ -119,7 +125,7 @@ def trainer_default(device: torch.device) -> dict:
 def run_suite(sections: list[str], device: torch.device, quick: bool = False, compile_: bool | None = None,
               log=print) -> dict:
     """Run `sections` in order; returns {"machine": ..., "sections": {name: result}}."""
-    busy = busy_cores()  # before any thread of ours starts
+    busy = CpuLoad().measure(BUSY_SECONDS)  # before any thread of ours starts
     if busy is not None and busy > BUSY_WARNING:
         log(f"warning: other processes keep {busy:.1f} of {cpu_count()} cores busy: a parallel op waits for "
             "its slowest thread, so timings here can be far off; run the bench on an idle machine")
@@ -152,7 +158,7 @@ def run_suite(sections: list[str], device: torch.device, quick: bool = False, co
             out[name] = {"error": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"}
         log(f"[bench] {name} done in {time.perf_counter() - t0:.1f} s")
     results["machine"]["wall_s"] = time.perf_counter() - start
-    results["machine"]["busy_cores_after"] = busy_cores()
+    results["machine"]["busy_cores_after"] = CpuLoad().measure(BUSY_SECONDS)
     return results
 
 
@@ -177,6 +183,8 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
         return bench_compile(device, quick=quick)
     if name == "techniques":
         return bench_techniques(device, quick=quick)
+    if name == "busy":  # CPU training beside a busy loop, whatever the device
+        return bench_busy(quick=quick)
     if name == "train_loop":  # GPT-2 small takes minutes per step on a CPU: smoke-sized there
         return bench_train_loop(device, smoke=quick or device.type != "cuda")  # dtype, compile: the trainer's
     raise ValueError(f"unknown section {name}")

@@ -46,7 +46,7 @@ TECHNIQUES: dict[str, tuple[dict, dict]] = {
 }
 
 
-def _step_fn(model_overrides: dict, optim_overrides: dict, runtime, batches: torch.Tensor):
+def default_model_step(model_overrides: dict, optim_overrides: dict, runtime, batches: torch.Tensor):
     """One trainer step of the default model with the overrides, on a pool of fixed batches."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{"vocab_size": TokenizerConfig().bpe_vocab_size, **model_overrides}))
@@ -82,7 +82,7 @@ def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 2
     gen = torch.Generator().manual_seed(0)
     batches = torch.randint(0, n_ids, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)
     batches = batches.to(runtime.device)
-    steps = {name: _step_fn(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
+    steps = {name: default_model_step(m, o, runtime, batches) for name, (m, o) in TECHNIQUES.items()}
 
     # CPU seconds of this process per call beside the wall time: on a CPU shared with other jobs the wall
     # time also counts the time the scheduler gave them, the CPU time (with threads=1) counts only the work
