@@ -1,9 +1,9 @@
 """The workshop: making decoding fast on this machine, apart from the classroom it speeds up.
 
-One entry point, `fastest.fastest_step(model, rows=, compile=)`: the fastest decode step for this model on
-this machine that gives the eager step's tokens. The classroom (model/, sampling/) decodes correctly without
-any of this: a model's decode step is `sampling.decode.decode_forward`, and a model can be handed a faster
-one's pieces (a layout of its matrices, a decode attention) without knowing how they were chosen.
+One entry point, `fastest.fastest_step(model, rows=, compile=, cache=)`: the fastest decode step for this
+model on this machine that gives the eager step's tokens. The classroom (model/, sampling/) decodes correctly
+without any of this: a model's decode step is `sampling.decode.decode_forward`, and a model can be handed a
+faster one's pieces (a layout of its matrices, a decode attention) without knowing how they were chosen.
 
 Read in this order:
     timing.py       the one timing harness (interleaved rounds, summaries) and the margins a choice must
@@ -18,7 +18,10 @@ Read in this order:
     int8.py         int8 weights with their activations' dtype timed
     whole_steps.py  a compiled step against its streamed twin, timed as whole steps
     gate.py         the numbers gate: a step is used only where it gives the eager step's logits and tokens
-    fastest.py      fastest_step: measure a plan, build the candidates, gate them, hand back the first to pass
+    kept.py         what a step chose and compiled (its plan, Inductor's artifacts), kept per machine, model
+                    and dtype, so a later run skips choosing and compiling; damaged records chosen again
+    fastest.py      fastest_step: measure a plan (or read a kept one), build the candidates, gate them, hand
+                    back the first to pass
 
 What each choice measured on one machine, and why it was made: docs/decoding.md.
 """

@@ -13,12 +13,18 @@ On the way, in this order:
      passes is handed back; one that fails is refused with one log line, and the eager step is what is left.
 Each candidate is built on a copy of the model, so the eager step is there to the end. What was measured and
 decided is kept in the step's `notes` and logged.
+
+Given a StepCache (kept.py), a plan kept for this machine, model and dtype replaces step 1 and 2, and its
+Inductor artifacts the compiling; it still passes step 3, and one the gate refuses is chosen again. A step
+chosen anew is kept, with the seconds choosing and compiling took and those of an eager and of its own step.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -28,6 +34,7 @@ from minigpt.device.runtime import compile_problem
 from minigpt.fast.attention import AttentionMeasure, choose_attention, time_attention
 from minigpt.fast.gate import first_passing
 from minigpt.fast.int8 import int8_compile_problem
+from minigpt.fast.kept import Kept, StepCache, saved_artifacts
 from minigpt.fast.products import ProductMeasure, choose_products, time_products
 from minigpt.fast.step import DEFAULT, DecodeStep, Plan, build_step
 from minigpt.fast.whole_steps import StepMeasure, choose_streamed, streamed_twin, time_steps
@@ -70,24 +77,48 @@ def _candidates(model: GPT, plan: Plan, rows: int, twin: bool, notes: list[str],
 
 
 def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan | None = None,
-                 measure_steps: StepMeasure = time_steps) -> DecodeStep:
+                 cache: StepCache | None = None, measure_steps: StepMeasure = time_steps) -> DecodeStep:
     """The fastest decode step for `model` decoding `rows` rows on this machine that gives the eager step's
     tokens, compiled if `compile` and a compiler is found; with the kernels of `plan` instead of measured ones
-    where a plan is given. `model` is put in eval mode and otherwise left as it is: the step may run on a
-    copy."""
+    where a plan is given, else of the plan kept in `cache` where it holds one (and kept there if not).
+    `model` is put in eval mode and otherwise left as it is: the step may run on a copy."""
     model.eval()
     device = next(model.parameters()).device
     problem = (compile_problem(device) or int8_compile_problem(model)) if compile else None
     if problem:
         log.warning("compile=true: decoding eagerly, since %s", problem)
     compile = compile and problem is None
-    notes: list[str] = []
+    if plan is not None or cache is None:
+        return _gated_step(model, rows, compile, plan, measure_steps)
+    key = cache.key(model, rows, compile)
+    start = time.perf_counter()
+    kept = cache.read(key)
+    if kept is not None:
+        step = _gated_step(model, rows, compile, kept.plan, measure_steps, [*kept.notes, "kept"])
+        if step.plan == kept.plan:
+            cache.write(key, replace(kept, warm_s=time.perf_counter() - start))
+            return step
+        log.warning("the kept %s was refused by the numbers gate: choosing again", kept.plan.name)
+    step = _gated_step(model, rows, compile, None, measure_steps)
+    choose_s = time.perf_counter() - start
+    times = _step_times(model, step, rows, measure_steps) if step.compiled else {}
+    cache.write(key, Kept(step.plan, step.notes[:-1], choose_s, times),
+                saved_artifacts() if step.compiled else None)
+    return step
+
+
+def _gated_step(model: GPT, rows: int, compile: bool, plan: Plan | None, measure_steps: StepMeasure,
+                notes: list[str] | None = None) -> DecodeStep:
+    """The step of `plan` (measured where None), or the eager step where the gate refuses it; `notes` are a
+    kept plan's, which is used as it is (an eager one kept for a compiled step: no compiled step passed)."""
+    kept, notes = notes is not None, list(notes or [])
     twin = False
     if plan is None:
         plan, notes = choose_plan(model, rows, compile)
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-        twin = compile and not int8 and device.type == "cpu"
-    plan = replace(plan, compiled=compile)
+        twin = compile and not int8 and next(model.parameters()).device.type == "cpu"
+    if not kept:  # a kept plan is what passed, compiled or not; any other is compiled as asked
+        plan = replace(plan, compiled=compile)
     step, checked = DecodeStep(model), []
     if plan != DEFAULT:
         candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
@@ -96,3 +127,9 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
     for note in step.notes:
         log.debug("%s", note)
     return step
+
+
+def _step_times(model: GPT, step: DecodeStep, rows: int, measure_steps: StepMeasure) -> dict[str, float]:
+    """Median seconds of one eager step of `model` and one of `step`, what compile=auto weighs."""
+    rounds = measure_steps({"eager": DecodeStep(model), "compiled": step}, rows)
+    return {name: statistics.median(seconds) for name, seconds in rounds.items()}

@@ -4,8 +4,9 @@ Read in this order:
     config.py       GenerateConfig, the keys of configs/generate.yaml (no torch)
     text.py         prompts in (files, escapes), streamed text out
     output.py       a stdout whose reader may leave early (`| head`)
+    auto.py         compile=auto: eager or compiled, whichever the steps asked for are expected to pay for
     decoder.py      a checkpoint loaded in the weights dtype asked for (int8 included), with the fastest
-                    decode step for it on this machine (minigpt/fast/, `compile=true` included)
+                    decode step for it on this machine (minigpt/fast/), compiled as `compile=` says
     speculative.py  speculative decoding: a draft proposes, the model verifies (`draft=`)
     session.py      an interactive session that keeps its KV cache between turns
     run.py          what scripts/generate.py does: load a checkpoint, sample, stream, summarise

@@ -9,6 +9,8 @@ from minigpt.device.config import InferenceDeviceConfig, check_weights_dtype
 from minigpt.errors import UserError
 from minigpt.sampling.params import SamplingParams, validate_sampling
 
+COMPILE = ("true", "false", "auto")
+
 
 @dataclass
 class GenerateConfig:
@@ -26,7 +28,10 @@ class GenerateConfig:
     # linear layers (model/int8.py) with float activations, their dtype measured (minigpt/fast/int8.py)
     weights_dtype: str = "auto"
     kv_cache: bool = True  # false: the naive reference, re-running the whole window every token
-    compile: bool = False  # torch.compile the decode step (minigpt/fast/step.py); pays for long generations
+    # torch.compile the decode step (minigpt/fast/step.py): true, false, or auto: where the tokens asked for
+    # are expected to pay for compiling (generation/auto.py); not the default: docs/decoding.md says why
+    compile: str = "false"
+    cache_dir: str = "outputs/data"  # the data cache folder: compiled decode steps are kept in its decode/
     draft: str | None = None  # speculative decoding: a smaller checkpoint, same tokenizer, proposes tokens
     num_draft_tokens: int = 4  # tokens the draft proposes per forward of the model (with draft=)
     stream: bool = True  # print the first sample token by token as it is generated
@@ -35,6 +40,9 @@ class GenerateConfig:
     window_keep_ratio: float = 0.5  # share of the context kept when the window is rebuilt
 
     def __post_init__(self) -> None:
+        self.compile = str(self.compile).lower()  # `compile=true` arrives as a bool
+        if self.compile not in COMPILE:
+            raise UserError(f"compile={self.compile} must be one of {', '.join(COMPILE)}")
         validate_sampling(self.temperature, self.top_k, self.top_p)
         check_weights_dtype(self.weights_dtype, int8=True)
         if self.max_new_tokens < 0:

@@ -49,30 +49,32 @@ class Loaded:
     meta: dict
     draft: DecodeStep | None = None
     compile_s: float = 0.0  # choosing kernels for and compiling the decode steps (compile=true), on load
+    chose: str = ""  # why compile=auto compiled the model's step or not ('' for compile=true or false)
 
 
 def load_for_generation(cfg: GenerateConfig) -> Loaded:
     """`cfg.checkpoint` (or the newest run under outputs/) ready to decode as `cfg` asks, and `cfg.draft`."""
     load = lambda path: load_decoder(path, cfg.device.type, cfg.weights_dtype, compile=cfg.compile,
-                                     batch_size=cfg.num_samples)
+                                     batch_size=cfg.num_samples, steps=cfg.max_new_tokens,
+                                     cache_dir=cfg.cache_dir)
     start = time.perf_counter()
-    step, tokenizer, meta = load(cfg.checkpoint)
+    step, tokenizer, meta, chose = load(cfg.checkpoint)
     draft = None
     if cfg.draft is not None:
-        draft, _, draft_meta = load(cfg.draft)
+        draft, _, draft_meta, _ = load(cfg.draft)
         if draft_meta.get(TOKENIZER_HASHES) != meta.get(TOKENIZER_HASHES):
             raise UserError(f"draft={cfg.draft!r} was trained with another tokenizer than the checkpoint; "
                             "speculative decoding needs one tokenizer (its drafts are token ids)")
     # a compiled step's kernels are chosen by compiling and timing candidates: part of compiling it
     compiled = step.compiled or (draft is not None and draft.compiled)
     choosing = time.perf_counter() - start if compiled else 0.0
-    return Loaded(step, tokenizer, meta, draft, choosing + compile_now(cfg, step, draft))
+    return Loaded(step, tokenizer, meta, draft, choosing + compile_now(cfg, step, draft), chose)
 
 
 def compile_now(cfg: GenerateConfig, step: DecodeStep, draft: DecodeStep | None) -> float:
-    """With compile=true, compile the decode steps now, by a throwaway greedy generation of a few tokens down
-    the path the prompt will take (speculative or not, `cfg.num_samples` rows), so that the summary's speed is
-    decoding's, not compilation's; returns the seconds it took (0 for eager steps)."""
+    """With a compiled step, compile the decode steps now, by a throwaway greedy generation of a few tokens
+    down the path the prompt will take (speculative or not, `cfg.num_samples` rows), so that the summary's
+    speed is decoding's, not compilation's; returns the seconds it took (0 for eager steps)."""
     if not (step.compiled or (draft is not None and draft.compiled)):
         return 0.0
     start = time.perf_counter()
@@ -149,7 +151,8 @@ def run_samples(
     for text in texts[1:]:
         out.write(SEPARATOR + prompt + text)
     out.write("\n")
-    err.write(f"{stats.summary()} | threads: {torch.get_num_threads()}\n")
+    chose = f" | {loaded.chose}" if loaded.chose else ""
+    err.write(f"{stats.summary()} | threads: {torch.get_num_threads()}{chose}\n")
     return texts, stats
 
 

@@ -38,10 +38,20 @@ def ckpt(tmp_path: Path) -> Path:
     return save_checkpoint(tmp_path / "ckpt", model, {"step": 0}, meta, tok)
 
 
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path: Path, monkeypatch) -> None:
+    """Each test's decode-step cache in its own folder: none reads or writes the repository's."""
+    monkeypatch.setattr(sys.modules[__name__], "CACHE_DIR", tmp_path / "cache")
+
+
+CACHE_DIR = ROOT / "outputs" / "data"  # replaced by each test's own (own_cache_dir)
+
+
 def config(*overrides: str) -> GenerateConfig:
-    """configs/generate.yaml composed exactly as the script composes it."""
+    """configs/generate.yaml composed exactly as the script composes it (the test's own cache folder)."""
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "configs")):
+        overrides = (f"cache_dir={CACHE_DIR}", *overrides)
         return to_object(compose(config_name="generate", overrides=list(overrides)), GenerateConfig)
 
 
@@ -57,8 +67,9 @@ def generate_in_process(*overrides: str) -> tuple[str, str]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     env.pop("HYDRA_FULL_ERROR", None)
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "generate.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    script = [sys.executable, str(ROOT / "scripts" / "generate.py"), f"cache_dir={CACHE_DIR}"]
+    return subprocess.run([*script, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
 
 
 @pytest.mark.slow
@@ -233,3 +244,15 @@ def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path
         run_samples(cfg, loaded, out, err)
     assert out.getvalue() == eager_out  # 40 tokens: past the 16-token context, through window rebuilds
     assert "compiled in" in err.getvalue() and "compiled in" not in eager_err
+    assert len(list((CACHE_DIR / "decode").glob("decode-*.json"))) == 1  # the model's step kept (the draft's
+    # is the same model's)
+
+
+def test_compile_auto_says_in_the_summary_what_it_chose_and_why(ckpt: Path):
+    """Nothing compiled on this machine yet (an empty cache folder): eager, and the summary says why."""
+    _, err = generate_in_process(f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=4", "device=cpu",
+                                 "compile=auto")
+    summary = err.strip().splitlines()[-1]
+    assert summary.endswith("| compile=auto: eager: nothing compiled on this machine yet to say what "
+                            "compiling costs (compile=true)")
+    assert "compiled in" not in summary and not (CACHE_DIR / "decode").exists()
