@@ -3,7 +3,7 @@
     config.py           the lab tools' Hydra schemas (no torch)
     bench/              scripts/bench.py: speed of training, generation, attention, data, against references
     stats.py            a mean over seeds with its 95% interval, the paired t-test against a baseline
-    runs.py             the runs of a configs x seeds sweep as rows of data, and each config's summary
+    runs.py             a sweep's runs as rows of data, each config's summary, resumable tools' state files
     speedrun.py         scripts/speedrun.py: which config learns the most for the same FLOPs, over seeds
     side_by_side.py     scripts/side_by_side.py: another project's recipe on minigpt's bins, batches, scorer
     side_by_side_throughput.py  how many tokens per second each arm of the side-by-side trains, interleaved

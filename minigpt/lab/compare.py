@@ -25,13 +25,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 from pathlib import Path
 
 from minigpt.errors import UserError
 from minigpt.lab.compare_runs import Multirun, check_not_a_sweep, failure_line, run_together
 from minigpt.lab.compare_sequential import Verdict, decide
-from minigpt.lab.runs import RunRecord, finished
+from minigpt.lab.runs import RunRecord, finished, save_state
 
 log = logging.getLogger(__name__)
 
@@ -102,13 +101,6 @@ def load_state(path: Path, spec: Spec, name: str) -> dict:
                         "with its own settings to resume it, or choose another out=")
     return state
 
-
-def save_state(path: Path, state: dict) -> None:
-    """Write `state` to `path` through a temporary file and a rename: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def records(state: dict, arm: str) -> dict[int, RunRecord]:

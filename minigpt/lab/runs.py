@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import os
 import shlex
 from pathlib import Path
 
@@ -315,3 +317,12 @@ def replace_block(text: str, begin: str, end: str, block: str, name: str) -> str
     if start < 0 or stop < start:
         raise UserError(f"{name} has no {begin} ... {end} block; put the two markers where the table goes")
     return text[:start] + block + text[stop + len(end):]
+
+
+def save_state(path: Path, state: dict) -> None:
+    """Write a resumable tool's `state` as JSON through a temporary file and a rename: a crash never leaves
+    half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

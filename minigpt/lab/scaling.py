@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from minigpt.errors import UserError
 from minigpt.lab.compare_runs import Multirun, failure_line, run_pool
-from minigpt.lab.runs import RunRecord, budget_label, finished
+from minigpt.lab.runs import RunRecord, budget_label, finished, save_state
 from minigpt.lab.scaling_fit import LossLaw, bootstrap, fit_law, interval
 
 STATE = "ladder.json"
@@ -84,11 +83,6 @@ def load_state(path: Path) -> dict:
                         "start again") from None
     return state
 
-
-def save_state(path: Path, state: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _record_fields(row: dict) -> dict:
