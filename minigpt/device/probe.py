@@ -105,6 +105,15 @@ class MatmulProbe:
         return self.bf16_flops / self.fp32_flops
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The first CPU's feature flags as /proc/cpuinfo lists them ([] where there is none: not Linux)."""
+    try:
+        lines = cpuinfo.read_text().splitlines()
+    except OSError:
+        return []
+    return next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+
+
 def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
     """The CPU's model name (`AMD EPYC 7763 64-Core Processor`) from /proc/cpuinfo; elsewhere platform's.
 

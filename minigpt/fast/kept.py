@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from minigpt.device.probe import cpu_model
+from minigpt.device.probe import cpu_flags, cpu_model
 from minigpt.fast.step import Plan
 from minigpt.model.gpt import GPT
 from minigpt.model.int8 import Int8Linear
@@ -44,20 +44,16 @@ log = logging.getLogger(__name__)
 FOLDER = "decode"  # inside the data cache folder, beside the CPU probe's device_probe.json
 
 
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """A short digest of the first CPU's feature flags in /proc/cpuinfo ('' where there is none): two CPUs of
-    one model name can differ in what a hypervisor lets through, and a generated kernel may use any of it."""
-    try:
-        flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
-    except OSError:
-        return ""
-    return hashlib.sha256(flags.encode()).hexdigest()[:16] if flags else ""
+def flags_digest(flags: list[str]) -> str:
+    """A short digest of the CPU's feature flags ('' where there are none): two CPUs of one model name can
+    differ in what a hypervisor lets through, and a generated kernel may use any of it."""
+    return hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16] if flags else ""
 
 
 def this_machine() -> dict:
     """What a compiled step depends on besides the model: torch, the CPU and its flags, and the GPU if any."""
     machine = {"torch": torch.__version__, "cpu": cpu_model(), "isa": torch.backends.cpu.get_cpu_capability(),
-               "cpu_flags": cpu_flags()}
+               "cpu_flags": flags_digest(cpu_flags())}
     if torch.cuda.is_available():
         machine["gpu"] = torch.cuda.get_device_name()
     return machine

@@ -155,3 +155,13 @@ def test_the_cpu_is_named_so_that_generations_differ(tmp_path, cpuinfo: str, nam
     path = tmp_path / "cpuinfo"
     path.write_text(cpuinfo)
     assert probe_mod.cpu_model(path) == named
+
+
+def test_the_cpu_flags_are_the_first_processors_and_none_off_linux(tmp_path) -> None:
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx512_bf16\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC\nflags\t\t: fpu\n")
+    assert probe_mod.cpu_flags(path) == ["fpu", "sse2", "avx512_bf16"]
+    path.write_text("processor\t: 0\n")  # an ARM kernel names them `Features`: none listed as flags
+    assert probe_mod.cpu_flags(path) == []
+    assert probe_mod.cpu_flags(tmp_path / "missing") == []

@@ -48,7 +48,7 @@ from minigpt.data.config import DataConfig
 from minigpt.data.encode import cpu_count
 from minigpt.device.config import DeviceConfig
 from minigpt.device.cpu_load import CpuLoad
-from minigpt.device.probe import cpu_model
+from minigpt.device.probe import cpu_flags, cpu_model
 from minigpt.device.runtime import resolve_runtime
 from minigpt.errors import UserError
 from minigpt.lab.bench.attention import bench_attention
@@ -73,12 +73,7 @@ BUSY_SECONDS = 0.5  # how long the other processes' load is measured, before the
 
 def bf16_units() -> list[str]:
     """The bfloat16 instruction sets /proc/cpuinfo lists for this CPU (avx512_bf16, amx_bf16), or []."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        flags = next(line for line in lines if line.startswith("flags")).split(":", 1)[1].split()
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f in ("avx512_bf16", "amx_bf16", "avx_ne_convert"))
+    return sorted(f for f in cpu_flags() if f in ("avx512_bf16", "amx_bf16", "avx_ne_convert"))
 
 
 def bf16_is_fast(peak: dict) -> bool:
