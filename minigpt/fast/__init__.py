@@ -20,6 +20,8 @@ Read in this order:
     gate.py         the numbers gate: a step is used only where it gives the eager step's logits and tokens
     kept.py         what a step chose and compiled (its plan, Inductor's artifacts), kept per machine, model
                     and dtype, so a later run skips choosing and compiling; damaged records chosen again
+    packaged.py     a compiled step exported and compiled ahead of time into a package a later run loads in
+                    a fraction of a second (no tracing, no compiling), kept for one set of weights
     fastest.py      fastest_step: measure a plan (or read a kept one), build the candidates, gate them, hand
                     back the first to pass
 

@@ -13,6 +13,10 @@ serialises them, in `decode-<digest>-<sha256>.inductor`, which the record names 
 record loads those artifacts back into Inductor's caches (`load_cache_artifacts`), so the step compiles from
 them: Dynamo still traces the step (a second or two), nothing is generated, built or autotuned again.
 
+A compiled step packaged ahead of time (packaged.py) is kept beside its record too, as
+`decode-<digest>-<sha256>.pt2`, which the record names with its checksum and the digest of the weights it
+holds (`weights_digest`): a package is found only for its key and those weights.
+
 A record is written after its artifacts, each atomically (a temporary file renamed over the old one), so a
 reader sees a whole record that names whole artifacts, whichever of two processes writing at once wins. A
 record whose key, plan or checksum does not match is damaged: it is chosen again and rewritten, with one log
@@ -78,6 +82,7 @@ class Kept:
     times: dict[str, float] = field(default_factory=dict)  # seconds per step: "eager", "compiled"
     warm_s: float | None = None  # reading the record, loading and compiling from it, gating: once measured
     artifacts: dict | None = None  # {"file", "sha256"} of a compiled step's Inductor artifacts
+    package: dict | None = None  # {"file", "sha256", "weights"} of the step packaged (packaged.py)
     key: dict = field(default_factory=dict, compare=False)  # what it was kept under
 
 
@@ -146,11 +151,14 @@ class StepCache:
         artifacts = record.get("artifacts")
         if artifacts is not None and not {"file", "sha256"} <= set(artifacts):
             raise ValueError("its artifacts are not named")
+        package = record.get("package")
+        if package is not None and not {"file", "sha256", "weights"} <= set(package):
+            raise ValueError("its package is not named")
         warm_s = record.get("warm_s")
         notes = [str(note) for note in record["notes"]]
         return Kept(Plan.from_dict(record["plan"]), notes, float(record["choose_s"]),
                     {str(k): float(v) for k, v in record.get("times", {}).items()},
-                    None if warm_s is None else float(warm_s), artifacts, key)
+                    None if warm_s is None else float(warm_s), artifacts, package, key)
 
     def write(self, key: dict, kept: Kept, artifacts: bytes | None = None) -> None:
         """Keep `kept` (and a compiled step's `artifacts`, else the ones it names) under `key`; a folder that
@@ -164,11 +172,56 @@ class StepCache:
                 _write_atomically(self.folder / name, artifacts)
                 kept = replace(kept, artifacts={"file": name, "sha256": sha})
             record = {"key": key, "plan": kept.plan.to_dict(), "notes": kept.notes, "choose_s": kept.choose_s,
-                      "times": kept.times, "warm_s": kept.warm_s, "artifacts": kept.artifacts}
+                      "times": kept.times, "warm_s": kept.warm_s, "artifacts": kept.artifacts,
+                      "package": kept.package}
             _write_atomically(path, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
         except OSError as e:
             log.warning("could not keep the decode step in %s (%s); it will be chosen again next run", path,
                         e.strerror or e)
+
+
+    def package(self, key: dict, weights: str) -> Path | None:
+        """The package of `key`'s step for the weights of digest `weights` (`weights_digest`), or None where
+        none is kept for them; a damaged one is None too, and logged."""
+        kept = self.peek(key)
+        if kept is None or kept.package is None or kept.package["weights"] != weights:
+            return None
+        path = self.folder / kept.package["file"]
+        try:
+            if hashlib.sha256(path.read_bytes()).hexdigest() != kept.package["sha256"]:
+                raise ValueError(f"{path.name} does not match its checksum")
+        except (OSError, ValueError) as e:
+            log.warning("decode cache %s is damaged (%s): packaging the step again", path,
+                        getattr(e, "strerror", None) or e)
+            return None
+        return path
+
+    def keep_package(self, key: dict, kept: Kept, package: bytes, weights: str) -> Kept:
+        """`kept` with `package` (the bytes of a package for the weights of digest `weights`) filed beside
+        `key`'s record and named in it, the record rewritten; a folder that cannot be written keeps nothing
+        (one log line)."""
+        sha = hashlib.sha256(package).hexdigest()
+        name = f"{self._record(key).stem}-{sha[:16]}.pt2"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            _write_atomically(self.folder / name, package)
+        except OSError as e:
+            log.warning("could not keep the packaged decode step in %s (%s); it is packaged again next run",
+                        self.folder, e.strerror or e)
+            return kept
+        kept = replace(kept, package={"file": name, "sha256": sha, "weights": weights})
+        self.write(key, kept)
+        return kept
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """A digest of `model`'s weights (every parameter and buffer, by name, dtype, shape and bytes): what a
+    package, which holds them as constants, depends on besides its key."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name} {tensor.dtype} {tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:32]
 
 
 def _load_artifacts(path: Path, sha256: str) -> None:

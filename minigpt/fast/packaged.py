@@ -1,0 +1,163 @@
+"""A compiled decode step packaged ahead of time: built once, then loaded by a later run in a fraction of a
+second, with no tracing and no compiling.
+
+torch.compile traces a step in every new process, even where Inductor's caches spare it the code generation
+(kept.py). Ahead-of-time, the step is traced once by `torch.export` into a graph of aten operators and
+compiled by AOTInductor into a shared library, packaged with the weights it computes with as one `.pt2` file
+(`torch._inductor.aoti_compile_and_package`); `torch._inductor.aoti_load_package` loads it back as a callable.
+
+    export_step(step)           the step's exported program: tokens (B, 1) and the cache's tensors in, logits
+                                (B, 1, V) out; every layer's K/V written into its cache buffer in place
+    package_step(step, path)    that program compiled and written as a package, with the step's settings
+    PackagedStep                a DecodeStep whose one-token calls run a loaded package
+
+What a package holds, and so what it fixes:
+- the rows decoded and one token per call (speculative decoding's several, or rows other than the batch's,
+  are decoded by the model's own step); the cache length is left free, between 1 and the cache's size
+  (`filled`, an empty tensor whose length is the number of filled slots: export knows sizes of tensors, not
+  Python numbers), so one package serves every step of a generation;
+- no padding: a padded batch is decoded by the model's own step too, whose mask the package does not hold;
+- the weights, as constants: a package is for one set of weights (kept.py keys it on their digest).
+A plan whose step cannot be exported (its matrices in an opaque oneDNN layout, or an int8 kernel export does
+not know) is not packaged; `package_problem` says why.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from minigpt.fast.compiler import FROZEN_INDUCTOR, OneDNN
+from minigpt.fast.gate import first_passing
+from minigpt.fast.kept import Kept, StepCache
+from minigpt.fast.step import DecodeStep, Plan, build_step
+from minigpt.model.gpt import GPT
+from minigpt.model.kv_cache import KVCache
+from minigpt.sampling.decode import decode_forward
+
+log = logging.getLogger(__name__)
+
+
+class _Program(nn.Module):
+    """`model`'s decode step with the cache as tensors, as export traces it: tokens (B, 1), filled (S,),
+    cache tokens (B, T_max + 1), keys and values (L lists of (B, H_kv, T_max + 1, D)) -> logits (B, 1, V)."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, filled: torch.Tensor, cache_tokens: torch.Tensor,
+                keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        cache = KVCache.__new__(KVCache)  # the cache's own methods, on the tensors handed in
+        cache.k, cache.v, cache.tokens = list(keys), list(values), cache_tokens
+        cache.device, cache.dtype = tokens.device, keys[0].dtype
+        cache.max_len, cache.length = keys[0].shape[2] - 1, filled.shape[0]
+        cache.pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)  # (B,)
+        cache.has_padding = False
+        return decode_forward(self.model, tokens, cache)
+
+
+def _inputs(tokens: torch.Tensor, cache: KVCache) -> tuple:
+    return tokens, cache.tokens.new_empty(cache.length), cache.tokens, cache.k, cache.v
+
+
+def export_step(step: DecodeStep, rows: int) -> torch.export.ExportedProgram:
+    """`step`'s model's decode step for `rows` rows, exported with the cache length free."""
+    model = step.model
+    cache = model.new_kv_cache(rows)
+    cache.length = 2  # an example length (0 and 1 would be specialised on)
+    tokens = torch.zeros(rows, 1, dtype=torch.long, device=cache.device)
+    n_layer = model.config.n_layer
+    length = torch.export.Dim("length", min=1, max=cache.max_len - 1)
+    dynamic = (None, {0: length}, None, [None] * n_layer, [None] * n_layer)
+    with torch.no_grad(), OneDNN(step.plan.onednn):
+        return torch.export.export(_Program(model), _inputs(tokens, cache), dynamic_shapes=dynamic)
+
+
+def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
+    """`step` for `rows` rows exported, compiled by AOTInductor with `step`'s settings (frozen or not) and
+    packaged at `path`."""
+    program = export_step(step, rows)
+    settings = FROZEN_INDUCTOR if step.plan.frozen else {}
+    with OneDNN(step.plan.onednn):
+        return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                             inductor_configs=settings))
+
+
+class PackagedStep(DecodeStep):
+    """tokens (B, T) on top of `cache` -> logits (B, T, V): one token per row of an unpadded batch of `rows`
+    rows through `runner` (a loaded package of `plan`'s step), anything else through `model`'s own step."""
+
+    def __init__(self, model: GPT, plan: Plan, rows: int, runner) -> None:
+        super().__init__(model)
+        self.plan, self.rows, self.runner = plan, rows, runner
+        self._onednn = OneDNN(plan.onednn)
+
+    @property
+    def compiled(self) -> bool:
+        return True
+
+    @property
+    def name(self) -> str:
+        return f"decode step packaged: {self.plan.name}"
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        if tokens.shape != (self.rows, 1) or cache.has_padding:
+            return decode_forward(self.model, tokens, cache)
+        with self._onednn:
+            logits = self.runner(*_inputs(tokens, cache))  # (B, 1, V)
+        cache.advance(1)
+        return logits
+
+
+def package_problem(plan: Plan, device: torch.device) -> str | None:
+    """Why `plan`'s step on `device` is not packaged, or None where it is."""
+    if device.type != "cpu":
+        return f"packages are built for a CPU here, not {device.type}"
+    if "packed" in (plan.layout, plan.head_layout):
+        return "AOTInductor cannot compile matrices held in oneDNN's packed layout as constants"
+    return None
+
+
+def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache, weights: str,
+                  built: DecodeStep | None = None) -> tuple[DecodeStep | None, Kept]:
+    """`model`'s step of `kept.plan` (a compiled plan kept under `key` in `cache`) for `rows` rows, from the
+    package kept for the weights of digest `weights`; where none is, packaged now from `built` (a step of
+    that plan, else one built here) and kept. Handed back only where it passes the numbers gate: else None,
+    with one log line (the caller compiles as before). Returns it and the record, naming a new package."""
+    path = cache.package(key, weights)
+    with tempfile.TemporaryDirectory(prefix="minigpt-package-") as tmp:
+        if path is None:
+            path = Path(tmp) / "step.pt2"
+            try:
+                package_step(built or build_step(copy.deepcopy(model), kept.plan, rows), rows, path)
+            except Exception as e:  # noqa: BLE001 - whatever export or AOTInductor raise, the step stays compiled
+                log.warning("the decode step could not be packaged (%s: %s): it is compiled in every run",
+                            type(e).__name__, (str(e).splitlines() or [""])[0][:200])
+                return None, kept
+            kept = cache.keep_package(key, kept, path.read_bytes(), weights)
+            notes = [*kept.notes, "packaged"]
+        else:
+            notes = [*kept.notes, "kept, packaged"]
+        try:
+            runner = load_package(path)
+        except Exception as e:  # noqa: BLE001 - a package that does not load is damaged, whatever it raises
+            log.warning("decode cache %s is damaged (%s): compiling the step", path, e)
+            return None, replace(kept, package=None)
+    step, checked = first_passing(model, rows, [PackagedStep(model, kept.plan, rows, runner)])
+    if not isinstance(step, PackagedStep):
+        return None, kept
+    step.notes = [*notes, *checked, step.name]
+    return step, kept
+
+
+def load_package(path: Path):
+    """The callable in the package at `path`: (tokens, filled, cache tokens, keys, values) -> logits."""
+    return torch._inductor.aoti_load_package(str(path))
