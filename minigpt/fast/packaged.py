@@ -4,7 +4,7 @@ second, with no tracing and no compiling.
 torch.compile traces a step in every new process, even where Inductor's caches spare it the code generation
 (kept.py). Ahead-of-time, the step is traced once by `torch.export` into a graph of aten operators and
 compiled by AOTInductor into a shared library, packaged with the weights it computes with as one `.pt2` file
-(`torch._inductor.aoti_compile_and_package`); `torch._inductor.aoti_load_package` loads it back as a callable.
+(`torch._inductor.aoti_compile_and_package`), which a later process loads back as a callable (`load_package`).
 
     export_step(step)           the step's exported program: tokens (B, 1) and the cache's tensors in, logits
                                 (B, 1, V) out; every layer's K/V written into its cache buffer in place
@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
-from dataclasses import replace
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -92,11 +92,13 @@ def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
 
 class PackagedStep(DecodeStep):
     """tokens (B, T) on top of `cache` -> logits (B, T, V): one token per row of an unpadded batch of `rows`
-    rows through `runner` (a loaded package of `plan`'s step), anything else through `model`'s own step."""
+    rows through `runner` (a loaded package of `plan`'s step), anything else through `model`'s own step.
+    `package`: the package's bytes, where it was built in this process (to be kept)."""
 
-    def __init__(self, model: GPT, plan: Plan, rows: int, runner) -> None:
+    def __init__(self, model: GPT, plan: Plan, rows: int, runner: Callable[..., torch.Tensor],
+                 package: bytes | None = None) -> None:
         super().__init__(model)
-        self.plan, self.rows, self.runner = plan, rows, runner
+        self.plan, self.rows, self.runner, self.package = plan, rows, runner, package
         self._onednn = OneDNN(plan.onednn)
 
     @property
@@ -126,38 +128,58 @@ def package_problem(plan: Plan, device: torch.device) -> str | None:
     return None
 
 
-def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache, weights: str,
-                  built: DecodeStep | None = None) -> tuple[DecodeStep | None, Kept]:
-    """`model`'s step of `kept.plan` (a compiled plan kept under `key` in `cache`) for `rows` rows, from the
-    package kept for the weights of digest `weights`; where none is, packaged now from `built` (a step of
-    that plan, else one built here) and kept. Handed back only where it passes the numbers gate: else None,
-    with one log line (the caller compiles as before). Returns it and the record, naming a new package."""
-    path = cache.package(key, weights)
-    with tempfile.TemporaryDirectory(prefix="minigpt-package-") as tmp:
-        if path is None:
-            path = Path(tmp) / "step.pt2"
-            try:
-                package_step(built or build_step(copy.deepcopy(model), kept.plan, rows), rows, path)
-            except Exception as e:  # noqa: BLE001 - whatever export or AOTInductor raise, the step stays compiled
-                log.warning("the decode step could not be packaged (%s: %s): it is compiled in every run",
-                            type(e).__name__, (str(e).splitlines() or [""])[0][:200])
-                return None, kept
-            kept = cache.keep_package(key, kept, path.read_bytes(), weights)
-            notes = [*kept.notes, "packaged"]
-        else:
-            notes = [*kept.notes, "kept, packaged"]
+def packaged_candidate(step: DecodeStep, model: GPT, rows: int, folder: Path) -> DecodeStep:
+    """`step` (compiled, on a prepared copy of `model`) packaged in `folder` and loaded, as a PackagedStep on
+    `model` holding its package's bytes; `step` itself where it is not compiled or cannot be packaged (then
+    one log line says why: it is compiled in every run)."""
+    if not step.compiled:
+        return step
+    problem = package_problem(step.plan, step.device)
+    if problem is None:
+        path = folder / f"step-{len(list(folder.iterdir()))}.pt2"
         try:
-            runner = load_package(path)
+            package_step(step, rows, path)
+            return PackagedStep(model, step.plan, rows, load_package(path), path.read_bytes())
+        except Exception as e:  # noqa: BLE001 - whatever export or AOTInductor raise, the step stays compiled
+            problem = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+    log.info("the %s is compiled in every run, not packaged: %s", step.name, problem)
+    return step
+
+
+def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache,
+                  weights: str) -> tuple[DecodeStep | None, Kept]:
+    """`model`'s step of `kept.plan` (a compiled plan kept under `key` in `cache`) for `rows` rows, from the
+    package kept for the weights of digest `weights`; where none is, packaged now (and kept once it passes).
+    Handed back only where it passes the numbers gate: else None, with one log line (the caller compiles as
+    before). Returns it and the record, naming a new package."""
+    path = cache.package(key, weights)
+    if path is None:
+        with tempfile.TemporaryDirectory(prefix="minigpt-package-") as folder:
+            built = build_step(copy.deepcopy(model), kept.plan, rows)
+            candidate = packaged_candidate(built, model, rows, Path(folder))
+        if not isinstance(candidate, PackagedStep):
+            return None, kept
+    else:
+        try:
+            candidate = PackagedStep(model, kept.plan, rows, load_package(path))
         except Exception as e:  # noqa: BLE001 - a package that does not load is damaged, whatever it raises
             log.warning("decode cache %s is damaged (%s): compiling the step", path, e)
-            return None, replace(kept, package=None)
-    step, checked = first_passing(model, rows, [PackagedStep(model, kept.plan, rows, runner)])
-    if not isinstance(step, PackagedStep):
+            return None, kept
+    step, checked = first_passing(model, rows, [candidate])
+    if step is not candidate:
         return None, kept
-    step.notes = [*notes, *checked, step.name]
+    if candidate.package is not None:
+        kept = cache.keep_package(key, kept, candidate.package, weights)
+    step.notes = [*kept.notes, "packaged" if candidate.package else "kept, packaged", *checked, step.name]
     return step, kept
 
 
-def load_package(path: Path):
-    """The callable in the package at `path`: (tokens, filled, cache tokens, keys, values) -> logits."""
-    return torch._inductor.aoti_load_package(str(path))
+def load_package(path: Path) -> Callable[..., torch.Tensor]:
+    """The step in the package at `path`: (tokens, filled, cache tokens, keys, values) -> logits.
+
+    Through the loader `torch._inductor.aoti_load_package` wraps, called directly: that function imports
+    Inductor (seconds, for nothing a loaded package needs) and unflattens every call's inputs by their
+    recorded tree structure, where these are flattened in a line."""
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    return lambda tokens, filled, cache_tokens, keys, values: loader.boxed_run(
+        [tokens, filled, cache_tokens, *keys, *values])[0]
