@@ -13,6 +13,7 @@ the decoding choices it reports time alike. Read in this order:
     generation.py       decoding speed: minigpt's dtypes, eager and compiled, against HF and llama.cpp
     llama_cpp.py        llama.cpp on the generation section's shape
     default_decode.py   `make train`'s model decoding, eager and compiled
+    first_token.py      time to first token of a fresh `generate`, eager and compiled, cold and warm
     decode_batch.py     decoding throughput as the batch grows
     speculative.py      drafts' acceptance rate and speed-up
     step_spread.py      how far apart equal compiled steps measure: the noise a whole-step choice must beat

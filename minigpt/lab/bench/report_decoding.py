@@ -140,7 +140,27 @@ def format_step_spread(r: dict) -> list[str]:
     return out
 
 
+def format_first_token(r: dict) -> list[str]:
+    if "skipped" in r:
+        return [f"Time to first token: skipped ({r['skipped']})"]
+    load = ""
+    if r.get("busy_cores_before") is not None:
+        load = (f"; other processes kept {r['busy_cores_before']:.2f} cores busy before it, "
+                f"{r['busy_cores_after']:.2f} after")
+    out = [f"Time to first token of {r['checkpoint']} on {r['machine']}: a fresh `generate max_new_tokens=1` "
+           f"process per run, launch to exit, greedy, batch 1; the steady state from one run of "
+           f"{r['steady_tokens']} tokens in the same setting{load}:"]
+    rows = [[name, timing(row["launch_to_exit_s"], 1, "s"),
+             "-" if row["compile_s"] is None else f"{row['compile_s']:.1f} s",
+             "-" if row["tokens_per_s"] is None else f"{row['tokens_per_s']:.0f}"]
+            for name, row in r["rows"].items()]
+    out += table(["setting", "launch to first token", "compiling (summary line)", "tokens/s after"], rows)
+    out += [f"  {name}: {row['summary']}" for name, row in r["rows"].items()]
+    return out
+
+
 FORMATTERS = {"generation": format_generation, "default_decode": format_default_decode,
+              "first_token": format_first_token,
               "decode_batch": format_decode_batch, "speculative": format_speculative,
               "step_spread": format_step_spread, "decode_accuracy": format_decode_accuracy}
 

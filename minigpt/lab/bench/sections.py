@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from minigpt.errors import UserError
 
-DECODING = ("generation", "default_decode", "decode_batch", "speculative", "step_spread", "decode_accuracy")
+DECODING = ("generation", "default_decode", "first_token", "decode_batch", "speculative", "step_spread",
+            "decode_accuracy")
 SECTIONS = ("peak", "train_S", "train_M", *DECODING, "attention", "data")
 EXTRA_SECTIONS = ("train_loop", "compile", "techniques", "busy")  # not part of the default run
 ALIASES = {"train": ("train_S", "train_M"), "decoding": DECODING, "all": SECTIONS}

@@ -10,12 +10,14 @@ under a minute, for smoke tests. Sections:
                 llama.cpp (f32 / bf16 / q8_0) and the uncached path; MBU, the targets, latency by position and
                 the op overhead of a step, prefill
     default_decode   `make train`'s model decoding at batch 1, eager and compiled
+    first_token      a trained checkpoint's time to first token in a fresh process: eager, compiled with the
+                     decode-step cache cold and warm, beside each one's tokens/s
     decode_batch     W2 at batch 1, 4, 16, 64: tokens/s, per-token latency, where throughput saturates
     speculative      W2 with int8 / bf16 copies drafting: acceptance rate and speed-up
     step_spread      W2 compiled steps against equal copies and their streamed twins: the spread a choice
                      between whole steps must beat
     decode_accuracy  a trained checkpoint in bf16 and int8 against float32: logits, greedy tokens, val loss
-    (`decoding` selects these six)
+    (`decoding` selects these seven)
     attention   math / online / sdpa forward time and memory at growing T
     data        default-corpus prepare time, encode MB/s
     train_loop  (only when asked for) sustained training with the trainer's step code: GPT-2 small with
@@ -58,6 +60,7 @@ from minigpt.lab.bench.data import bench_data
 from minigpt.lab.bench.decode_accuracy import bench_decode_accuracy
 from minigpt.lab.bench.decode_batch import bench_decode_batch
 from minigpt.lab.bench.default_decode import bench_default_decode
+from minigpt.lab.bench.first_token import bench_first_token
 from minigpt.lab.bench.generation import bench_generation
 from minigpt.lab.bench.peak import bench_peak
 from minigpt.lab.bench.sections import DECODING
@@ -196,6 +199,8 @@ def _run_decoding(name: str, device: torch.device, quick: bool, compile_: bool, 
     if name == "default_decode":
         sizes = {"new_tokens": 32, "repeats": 1} if quick else {}
         return bench_default_decode(device, compile=compile_, **sizes)
+    if name == "first_token":  # compile_ off: eager only (a cold compiled start takes minutes)
+        return bench_first_token(repeats=1 if quick else 3, compile=compile_)
     if name == "decode_batch":
         sizes = {"batch_sizes": (1, 4), "new_tokens": 8, "repeats": 1} if quick else {}
         return bench_decode_batch(device, compile=compile_, read_bytes_per_s=bandwidth, **sizes)
