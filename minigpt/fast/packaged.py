@@ -27,6 +27,7 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,9 +84,11 @@ def export_step(step: DecodeStep, rows: int) -> torch.export.ExportedProgram:
 def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
     """`step` for `rows` rows exported, compiled by AOTInductor with `step`'s settings (frozen or not) and
     packaged at `path`."""
-    program = export_step(step, rows)
     settings = FROZEN_INDUCTOR if step.plan.frozen else {}
-    with OneDNN(step.plan.onednn):
+    with warnings.catch_warnings(), OneDNN(step.plan.onednn):
+        # export's tree utilities warn about their own deprecated calls, in the middle of the user's output
+        warnings.filterwarnings("ignore", "isinstance.treespec, LeafSpec", FutureWarning)
+        program = export_step(step, rows)
         return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path),
                                                              inductor_configs=settings))
 
