@@ -16,6 +16,7 @@ import torch
 
 from minigpt.fast.step import DecodeStep, Plan
 from minigpt.fast.timing import STEP_MIN_SPEEDUP, interleaved_times, paired_speedup
+from minigpt.model.gpt import GPT
 
 
 def step_after(step: DecodeStep, prefix: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -46,6 +47,11 @@ def time_steps(steps: dict[str, DecodeStep], rows: int, repeats: int = 15) -> di
         calls[name] = step_after(step, torch.zeros(rows, length, dtype=torch.long, device=step.device))
         calls[name]()  # compiles
     return interleaved_times(calls, repeats, device=next(iter(steps.values())).device)
+
+
+def eager_step_s(model: GPT, rows: int) -> float:
+    """Median seconds of one eager decode step of `model` for `rows` rows, over a few rounds."""
+    return statistics.median(time_steps({"eager": DecodeStep(model)}, rows, repeats=5)["eager"])
 
 
 StepMeasure = Callable[[dict[str, DecodeStep], int], dict[str, list[float]]]
