@@ -1,9 +1,10 @@
-"""Whole decode steps timed against each other: a compiled step as chosen against its streamed twin.
+"""Whole decode steps timed: a compiled step as chosen against its streamed twin, and the eager step alone.
 
 A streamed product (streamed.py) gains because Inductor generates it together with the norm, activation or
 residual add around it, which no product timed alone shows; so this choice is timed on whole steps: each
 decoding one token after a prefix of an eighth of the context, in interleaved rounds, judged by the median of
-the rounds' ratio (`paired_speedup`) against STEP_MIN_SPEEDUP.
+the rounds' ratio (`paired_speedup`) against STEP_MIN_SPEEDUP. `eager_step_s` times the eager step alone, for
+compile=auto (generation/auto.py) to weigh against what compiling is known to cost here.
 """
 
 from __future__ import annotations
