@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from minigpt.errors import UserError
 
 FORMATS = ("hf", "gguf")
+# what a Hugging Face folder can be written as: a transformers class, or minigpt's own modeling code
+HF_FAMILIES = ("gpt2", "llama", "qwen3", "arcee", "custom")
 # the tensor types llama.cpp's own converter offers for a float model; 1-d tensors always stay f32
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -23,10 +25,19 @@ class ExportConfig:
     format: str = "hf"  # hf: a transformers folder | gguf: one file for llama.cpp / Ollama
     out: str | None = None  # the folder (hf) or file (gguf) to create; it must not exist yet
     gguf_type: str | None = None  # gguf only: f32 | f16 | bf16 | q8_0; None: f32
+    # hf only: gpt2 | llama | qwen3 | arcee | custom (minigpt's own modeling code); None: the transformers
+    # class that computes the model, else custom
+    hf_family: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise UserError(f"format={self.format!r} is not one of: {', '.join(FORMATS)}")
+        if self.hf_family is not None:
+            if self.format != "hf":
+                raise UserError(f"hf_family={self.hf_family} applies only to format=hf; drop it or set "
+                                "format=hf")
+            if self.hf_family not in HF_FAMILIES:
+                raise UserError(f"hf_family={self.hf_family!r} is not one of: {', '.join(HF_FAMILIES)}")
         if self.gguf_type is not None:
             if self.format != "gguf":
                 raise UserError(f"gguf_type={self.gguf_type} applies only to format=gguf (a Hugging Face "
