@@ -18,6 +18,8 @@ from interop_helpers import make_checkpoint, save_model, small_bpe, stdlib_texts
 from model_helpers import fit, load_preset
 
 from minigpt.checkpoint.load import load_model
+from minigpt.errors import UserError
+from minigpt.interop.hf_export import hf_family
 from minigpt.model.factory import build_model
 from minigpt.sampling.decode import generate
 from minigpt.sampling.params import SamplingParams
@@ -129,3 +131,23 @@ def test_a_failed_write_of_the_code_leaves_nothing(recipe, tmp_path, capsys, mon
     assert run.code == 2 and len(run.err_lines) == 1, run.err
     assert f"nothing exported: cannot write {out}/configuration_minigpt.py: No space left" in run.err
     assert snapshot(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("overrides", "family", "named"), [
+    ({}, "llama", "LlamaForCausalLM, which transformers loads with no custom code"),
+    ({"activation": "relu2"}, "arcee", "ArceeForCausalLM"),
+    ({"norm": "layernorm", "activation": "gelu"}, "custom",
+     "computes model.norm=layernorm, model.activation=gelu"),
+    ({"pos_encoding": "learned", "smear": True}, None,
+     "model.pos_encoding=learned has no Hugging Face equivalent with the technique switches"),
+    ({"norm_placement": "post"}, None, "model.norm_placement=post has no Hugging Face equivalent: GPT-2 and "
+                                       "Llama blocks are pre-norm"),
+])
+def test_the_family_is_chosen_or_the_model_refused_naming_why(overrides, family, named):
+    cfg = dataclasses.replace(load_preset("demo"), **overrides)
+    if family is None:
+        with pytest.raises(UserError) as refused:
+            hf_family(cfg)
+        assert str(refused.value).startswith(named)
+    else:
+        assert hf_family(cfg)[0] == family and named in hf_family(cfg)[1]
