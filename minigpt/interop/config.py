@@ -32,18 +32,19 @@ class ExportConfig:
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise UserError(f"format={self.format!r} is not one of: {', '.join(FORMATS)}")
-        if self.hf_family is not None:
-            if self.format != "hf":
-                raise UserError(f"hf_family={self.hf_family} applies only to format=hf; drop it or set "
-                                "format=hf")
-            if self.hf_family not in HF_FAMILIES:
-                raise UserError(f"hf_family={self.hf_family!r} is not one of: {', '.join(HF_FAMILIES)}")
-        if self.gguf_type is not None:
-            if self.format != "gguf":
-                raise UserError(f"gguf_type={self.gguf_type} applies only to format=gguf (a Hugging Face "
-                                "folder holds float32 weights); drop it or set format=gguf")
-            if self.gguf_type not in GGUF_TYPES:
-                raise UserError(f"gguf_type={self.gguf_type!r} is not one of: {', '.join(GGUF_TYPES)}")
+        self._check_format_key("hf_family", self.hf_family, "hf", HF_FAMILIES, "")
+        self._check_format_key("gguf_type", self.gguf_type, "gguf", GGUF_TYPES,
+                               " (a Hugging Face folder holds float32 weights)")
+
+    def _check_format_key(self, key: str, value: str | None, fmt: str, allowed: tuple[str, ...],
+                          why: str) -> None:
+        """A key of one format's (left out: None) is given with that format and one of `allowed`."""
+        if value is None:
+            return
+        if self.format != fmt:
+            raise UserError(f"{key}={value} applies only to format={fmt}{why}; drop it or set format={fmt}")
+        if value not in allowed:
+            raise UserError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
 
     @property
     def tensor_type(self) -> str:
