@@ -40,9 +40,8 @@ def custom_config(cfg: ModelConfig, eot_id: int) -> dict:
     """config.json for the modeling code of `hf_remote/`; UserError naming what it does not compute."""
     refuse_ablations(cfg, "Hugging Face")
     if cfg.pos_encoding != "rope":
-        raise UserError(f"model.pos_encoding={cfg.pos_encoding} has no Hugging Face equivalent with the "
-                        "technique switches: minigpt's own modeling code computes rotary models "
-                        "(model.pos_encoding=rope)")
+        raise UserError(f"model.pos_encoding={cfg.pos_encoding} has no Hugging Face equivalent in minigpt's "
+                        "own modeling code, which computes rotary models (model.pos_encoding=rope)")
     if cfg.norm_placement != "pre":
         raise UserError(f"model.norm_placement={cfg.norm_placement} has no Hugging Face equivalent: "
                         "minigpt's own modeling code computes pre-norm blocks (model.norm_placement=pre)")

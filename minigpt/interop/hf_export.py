@@ -63,6 +63,7 @@ def hf_family(cfg: ModelConfig, asked: str | None = None) -> tuple[str, str]:
                f"because no transformers class computes {', '.join(features_without_family(cfg))}")
         return CUSTOM, f"MiniGPTForCausalLM, its modeling code in the folder (trust_remote_code=True), {why}"
     if asked == CUSTOM:
+        custom_config(cfg, eot_id=0)  # a GPT-2 block: its code computes rotary models only
         return CUSTOM, ("MiniGPTForCausalLM, its modeling code in the folder (trust_remote_code=True), as "
                         f"hf_family=custom asks (hf_family={family} needs no custom code)")
     if asked not in (None, family):

@@ -139,7 +139,7 @@ def test_a_failed_write_of_the_code_leaves_nothing(recipe, tmp_path, capsys, mon
     ({"norm": "layernorm", "activation": "gelu"}, "custom",
      "computes model.norm=layernorm, model.activation=gelu"),
     ({"pos_encoding": "learned", "smear": True}, None,
-     "model.pos_encoding=learned has no Hugging Face equivalent with the technique switches"),
+     "model.pos_encoding=learned has no Hugging Face equivalent in minigpt's own modeling code"),
     ({"norm_placement": "post"}, None, "model.norm_placement=post has no Hugging Face equivalent: GPT-2 and "
                                        "Llama blocks are pre-norm"),
 ])
