@@ -14,9 +14,12 @@ On the way, in this order:
 Each candidate is built on a copy of the model, so the eager step is there to the end. What was measured and
 decided is kept in the step's `notes` and logged.
 
-Given a StepCache (kept.py), a plan kept for this machine, model and dtype replaces step 1 and 2, and its
-Inductor artifacts the compiling; it still passes step 3, and one the gate refuses is chosen again. A step
-chosen anew is kept, with the seconds choosing and compiling took and those of an eager and of its own step.
+Given a StepCache (kept.py), a compiled candidate is packaged ahead of time (packaged.py) and gated as its
+package, which is kept; a later run loads the package kept for this machine, model, dtype and weights in place
+of all three steps, and still gates it. A plan kept without a package for these weights (another checkpoint of
+the shape, or a plan that does not package) replaces step 1 and 2, and is packaged, or compiled from its kept
+Inductor artifacts; it still passes step 3, and one the gate refuses is chosen again. A step chosen anew is
+kept, with the seconds choosing and compiling took and those of an eager and of its own step.
 """
 
 from __future__ import annotations
@@ -24,17 +27,21 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 
+import torch
 from torch import nn
 
 from minigpt.device.runtime import compile_problem
 from minigpt.fast.attention import AttentionMeasure, choose_attention, time_attention
 from minigpt.fast.gate import first_passing
 from minigpt.fast.int8 import int8_compile_problem
-from minigpt.fast.kept import Kept, StepCache, saved_artifacts
+from minigpt.fast.kept import Kept, StepCache, saved_artifacts, weights_digest
+from minigpt.fast.packaged import PackagedStep, package_problem, packaged_candidate, packaged_step
 from minigpt.fast.products import ProductMeasure, choose_products, time_products
 from minigpt.fast.step import DEFAULT, DecodeStep, Plan, build_step
 from minigpt.fast.whole_steps import StepMeasure, choose_streamed, streamed_twin, time_steps
@@ -84,6 +91,10 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
     `model` is put in eval mode and otherwise left as it is: the step may run on a copy."""
     model.eval()
     device = next(model.parameters()).device
+    if compile and plan is None and cache is not None and int8_compile_problem(model) is None:
+        step = _kept_package(model, rows, cache, device)
+        if step is not None:
+            return step
     problem = (compile_problem(device) or int8_compile_problem(model)) if compile else None
     if problem:
         log.warning("compile=true: decoding eagerly, since %s", problem)
@@ -99,18 +110,38 @@ def fastest_step(model: GPT, *, rows: int = 1, compile: bool = False, plan: Plan
             cache.write(key, replace(kept, warm_s=time.perf_counter() - start))
             return step
         log.warning("the kept %s was refused by the numbers gate: choosing again", kept.plan.name)
-    step = _gated_step(model, rows, compile, None, measure_steps)
-    choose_s = time.perf_counter() - start
+    with tempfile.TemporaryDirectory(prefix="minigpt-package-") as folder:
+        step = _gated_step(model, rows, compile, None, measure_steps, package_in=Path(folder))
+    kept = Kept(step.plan, step.notes[:-1], time.perf_counter() - start)
+    if isinstance(step, PackagedStep):
+        kept = cache.keep_package(key, kept, step.package, weights_digest(model))
     times = _step_times(model, step, rows, measure_steps) if step.compiled else {}
-    cache.write(key, Kept(step.plan, step.notes[:-1], choose_s, times),
-                saved_artifacts() if step.compiled else None)
+    artifacts = saved_artifacts() if step.compiled and not isinstance(step, PackagedStep) else None
+    cache.write(key, replace(kept, times=times), artifacts)
+    return step
+
+
+def _kept_package(model: GPT, rows: int, cache: StepCache, device: torch.device) -> DecodeStep | None:
+    """`model`'s packaged step of the compiled plan `cache` keeps for it, packaged now where its weights have
+    none, gated; None where no such plan is kept or its step is not handed back (packaged.py). Looked for
+    before anything else: a package loads with no compiler, and without importing one."""
+    start = time.perf_counter()
+    key = cache.key(model, rows, True)
+    kept = cache.peek(key)
+    if kept is None or not kept.plan.compiled or package_problem(kept.plan, device) is not None:
+        return None
+    step, packaged = packaged_step(model, rows, key, kept, cache, weights_digest(model))
+    if step is not None:
+        warm = packaged.package == kept.package  # loaded, not packaged now: a warm start
+        cache.write(key, replace(packaged, warm_s=time.perf_counter() - start) if warm else packaged)
     return step
 
 
 def _gated_step(model: GPT, rows: int, compile: bool, plan: Plan | None, measure_steps: StepMeasure,
-                notes: list[str] | None = None) -> DecodeStep:
+                notes: list[str] | None = None, package_in: Path | None = None) -> DecodeStep:
     """The step of `plan` (measured where None), or the eager step where the gate refuses it; `notes` are a
-    kept plan's, which is used as it is (an eager one kept for a compiled step: no compiled step passed)."""
+    kept plan's, which is used as it is (an eager one kept for a compiled step: no compiled step passed).
+    With a folder `package_in`, each compiled candidate is packaged there and gated as its package."""
     kept, notes = notes is not None, list(notes or [])
     twin = False
     if plan is None:
@@ -122,6 +153,8 @@ def _gated_step(model: GPT, rows: int, compile: bool, plan: Plan | None, measure
     step, checked = DecodeStep(model), []
     if plan != DEFAULT:
         candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
+        if package_in is not None:
+            candidates = (packaged_candidate(c, model, rows, package_in) for c in candidates)
         step, checked = first_passing(model, rows, candidates)
     step.notes = [*notes, *checked, step.name]
     for note in step.notes:
