@@ -5,19 +5,21 @@ Compiling pays where the steps decoded save more than the compiled step costs to
 
     steps x (eager step s - compiled step s)  >  seconds to start compiled
 
-Where the cache holds this model's compiled step (warm), both step times are the ones measured when it was
-chosen, and the start is its warm start (reading the cache, compiling from it, the numbers gate) once a run
-has measured one; a warm cache whose start is not measured yet is used, and that run measures it. Where it
-does not (cold), the start is choosing and compiling from nothing, and both it and the speedup are estimated
-from the newest compiled step kept on this machine, for any model, with the eager step timed now; with
-nothing kept here, the step is eager. The summary line says which and why.
+Where the cache holds this model's step packaged for its weights (minigpt/fast/packaged.py), starting it is
+loading the package and gating it, a fraction of a second: compiled, whatever the steps. Where it holds this
+model's compiled step otherwise (warm), both step times are the ones measured when it was chosen, and the
+start is its warm start (reading the cache, compiling from it, the numbers gate) once a run has measured one;
+a warm cache whose start is not measured yet is used, and that run measures it. Where it does not (cold), the
+start is choosing and compiling from nothing, and both it and the speedup are estimated from the newest
+compiled step kept on this machine, for any model, with the eager step timed now; with nothing kept here,
+the step is eager. The summary line says which and why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from minigpt.fast.kept import StepCache
+from minigpt.fast.kept import StepCache, weights_digest
 from minigpt.fast.whole_steps import eager_step_s
 from minigpt.model.gpt import GPT
 
@@ -34,6 +36,9 @@ def choose_compile(model: GPT, rows: int, steps: int, cache: StepCache | None,
     if kept is not None:
         if not kept.plan.compiled:
             return False, "eager: every compiled step was refused by the numbers gate here (kept)"
+        if kept.package is not None and kept.package["weights"] == weights_digest(model):
+            started = "" if kept.warm_s is None else f", started in {kept.warm_s:.1f} s"
+            return True, f"compiled: the cache is warm (this step packaged for these weights{started})"
         eager, compiled = kept.times.get("eager"), kept.times.get("compiled")
         if kept.warm_s is None or eager is None or compiled is None:
             return True, f"compiled: the cache is warm (chosen and compiled once, in {kept.choose_s:.0f} s)"

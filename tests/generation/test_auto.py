@@ -3,6 +3,7 @@ timings and the records of a real decode-step cache injected; the config's three
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 from model_helpers import tiny_config
 
 from minigpt.errors import UserError
-from minigpt.fast.kept import Kept, StepCache
+from minigpt.fast.kept import Kept, StepCache, weights_digest
 from minigpt.fast.step import DEFAULT, Plan
 from minigpt.generation.auto import choose_compile
 from minigpt.generation.config import GenerateConfig
@@ -42,6 +43,20 @@ def test_a_warm_cache_compiles_where_the_steps_pay_for_its_start(tmp_path, steps
     chose, why = _choose(tmp_path, steps, WARM, WARM)  # 2000 x 1.5 ms = 3 s: the warm start
     assert chose == compiled and why.startswith("compiled" if compiled else "eager")
     assert f"{steps} steps x 1.50 ms saved" in why and "warm start of 3.0 s (kept)" in why
+
+
+@pytest.mark.parametrize("same_weights", [True, False])
+def test_a_package_kept_for_these_weights_compiles_whatever_the_steps(tmp_path, same_weights: bool) -> None:
+    torch.manual_seed(0)  # the weights `_choose` builds its model with
+    model = build_model(tiny_config(n_layer=1, block_size=16, vocab_size=61))
+    weights = weights_digest(model if same_weights else model.half())
+    packaged = dataclasses.replace(WARM, package={"file": "x.pt2", "sha256": "0", "weights": weights})
+    chose, why = _choose(tmp_path, 1, packaged, None)
+    if same_weights:
+        assert chose and why == ("compiled: the cache is warm (this step packaged for these weights, started "
+                                 "in 3.0 s)")
+    else:  # another checkpoint's package: the step must be packaged again, so it is weighed as any warm cache
+        assert not chose and "warm start of 3.0 s (kept)" in why
 
 
 def test_a_warm_cache_whose_start_is_not_measured_yet_compiles(tmp_path) -> None:
