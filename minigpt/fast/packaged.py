@@ -87,7 +87,7 @@ def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
     settings = FROZEN_INDUCTOR if step.plan.frozen else {}
     with warnings.catch_warnings(), OneDNN(step.plan.onednn):
         # export's tree utilities warn about their own deprecated calls, in the middle of the user's output
-        warnings.filterwarnings("ignore", "isinstance.treespec, LeafSpec", FutureWarning)
+        warnings.filterwarnings("ignore", ".*treespec, LeafSpec", FutureWarning)
         program = export_step(step, rows)
         return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path),
                                                              inductor_configs=settings))
