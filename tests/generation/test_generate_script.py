@@ -4,6 +4,7 @@ function, one real CLI run, and every bad input ending in one clear line."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import os
 import subprocess
@@ -221,7 +222,8 @@ def test_a_draft_with_another_tokenizer_is_refused(ckpt: Path, tmp_path: Path):
 def test_compile_without_a_cpp_compiler_warns_in_one_line_and_decodes(ckpt: Path, tmp_path: Path, capsys,
                                                                        monkeypatch):
     """The script run in this process (cli_helpers.py): the warning is its console's, as the user sees it."""
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    importlib.import_module("torch._inductor.config")  # it reads CXX once, on import: the real one
+    monkeypatch.setenv("CXX", "/nonexistent/c++")  # what compile=true's check reads, in this process
     args = [f"cache_dir={CACHE_DIR}", f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=8", "device=cpu",
             "compile=true", f"hydra.run.dir={tmp_path / 'run'}"]
     run = run_script("generate", args, capsys)
