@@ -95,7 +95,8 @@ def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
 
 class PackagedStep(DecodeStep):
     """tokens (B, T) on top of `cache` -> logits (B, T, V): one token per row of an unpadded batch of `rows`
-    rows through `runner` (a loaded package of `plan`'s step), anything else through `model`'s own step.
+    rows on a cache of the model's whole context through `runner` (a loaded package of `plan`'s step),
+    anything else through `model`'s own step.
     `package`: the package's bytes, where it was built in this process (to be kept)."""
 
     def __init__(self, model: GPT, plan: Plan, rows: int, runner: Callable[..., torch.Tensor],
@@ -114,7 +115,8 @@ class PackagedStep(DecodeStep):
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        if tokens.shape != (self.rows, 1) or cache.has_padding:
+        held = tokens.shape == (self.rows, 1) and cache.max_len == self.model.config.block_size
+        if not held or cache.has_padding:
             return decode_forward(self.model, tokens, cache)
         with self._onednn:
             logits = self.runner(*_inputs(tokens, cache))  # (B, 1, V)

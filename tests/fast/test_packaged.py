@@ -21,7 +21,7 @@ from minigpt.fast import packaged
 from minigpt.fast.kept import Kept, StepCache, weights_digest
 from minigpt.fast.step import Plan
 from minigpt.model.factory import build_model
-from minigpt.sampling.decode import generate
+from minigpt.sampling.decode import decode_forward, generate
 from minigpt.sampling.params import SamplingParams
 
 MACHINE = {"torch": "2.13.0", "cpu": "AMD EPYC 9R14", "isa": "AVX512", "cpu_flags": "0123456789abcdef"}
@@ -89,6 +89,25 @@ def test_a_packaged_step_is_kept_and_read_back_and_decodes_as_the_eager_step(mon
         args = dict(max_new_tokens=30, params=SamplingParams(0.0), generator=torch.Generator())
         want = generate(model, rows, **args).tokens  # 30 tokens: past the context, windows rebuilt
         assert generate(model, rows, step=step, **args).tokens == want
+
+
+def test_what_a_package_does_not_hold_goes_through_the_model_s_own_step() -> None:
+    model, calls = _tiny(), []
+    program = packaged._Program(copy.deepcopy(model))
+    step = packaged.PackagedStep(model, KEPT.plan, 2, lambda *inputs: calls.append(1) or program(*inputs))
+    cases = {"one token a row": (model.new_kv_cache(2), 1, False), "padded": (model.new_kv_cache(2), 1, True),
+             "two tokens a row": (model.new_kv_cache(2), 2, False),
+             "a shorter cache": (model.new_kv_cache(2, max_len=12), 1, False)}
+    for name, (cache, tokens, padded) in cases.items():
+        calls.clear()
+        mine = model.new_kv_cache(2, max_len=cache.max_len)
+        for c in (cache, mine):
+            c.set_padding(torch.tensor([1 if padded else 0, 0]))
+            model(torch.tensor([[5, 6, 7], [8, 9, 10]]), kv_cache=c)  # prefilled
+        fed = torch.tensor([[11, 12][:tokens], [13, 14][:tokens]])  # (2, tokens)
+        want = decode_forward(model, fed, mine)
+        assert torch.allclose(step(fed, cache), want, atol=1e-5) and cache.length == mine.length, name
+        assert calls == ([1] if name == "one token a row" else []), name
 
 
 @pytest.mark.parametrize("damage", ["bytes", "missing"])
