@@ -285,7 +285,8 @@ class LoggingConfig:
 
 @dataclass
 class TrainConfig:
-    """Root of `configs/train.yaml`."""
+    """Root of `configs/train.yaml`. Its defaults are the plain block every preset is a difference from
+    (`model=demo optim=muon`); the default run, train.yaml's defaults list, picks `model=recipe optim=recipe`."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
