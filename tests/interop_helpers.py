@@ -7,6 +7,8 @@
                 500, eps 1e-6, tied, and a model vocabulary 7 ids larger than the tokenizer's
     qwen3       Qwen3's block: the demo with its queries and keys RMS-normalised (model.qk_norm=true), at
                 odd sizes: 4 heads of 12 sharing 2 KV heads, eps 1e-6, tied
+    arcee       Arcee's block: the demo with a two-matrix ReLU² MLP (model.activation=relu2), 2 layers, 4
+                heads of 8 sharing 2 KV heads, hidden 96
 
 Weights are re-drawn wide (`wide_model`) so a wrong mapping shows in the logits and greedy decoding wanders
 through the vocabulary; the tokenizer is a small bpe trained on a few standard-library modules.
@@ -41,8 +43,10 @@ SHAPES = {
                              vocab_size=BPE_VOCAB + 7),
     "qwen3": dataclasses.replace(load_preset("demo"), qk_norm=True, n_layer=3, n_head=4, n_kv_head=2,
                                  n_embd=48, norm_eps=1e-6, tie_weights=True),
+    "arcee": dataclasses.replace(load_preset("demo"), activation="relu2", n_layer=2, n_head=4, n_kv_head=2,
+                                 n_embd=32, ffn_mult=3.0),
 }
-LLAMA_SHAPES = ("demo", "odd_llama", "qwen3")  # rotary positions
+LLAMA_SHAPES = ("demo", "odd_llama", "qwen3", "arcee")  # rotary positions
 
 
 def stdlib_texts() -> list[str]:

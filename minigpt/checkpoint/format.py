@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_model
 from torch import nn
 
 from minigpt.data.verify import folder_digests
@@ -200,23 +200,35 @@ def verify_tokenizer(ckpt: Path, meta: dict[str, Any]) -> None:
         )
 
 
-def load_weights(model: nn.Module, ckpt: Path) -> None:
-    """Load model.safetensors into `model` (unwrapped), strictly: every name and shape must match."""
+def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors as a state dict under every name the model has: the file holds each shared tensor
+    (the tied embedding and head) once, under one name, and records the others in its metadata."""
     file = ckpt / WEIGHTS
     if not file.is_file():
         raise UserError(f"checkpoint {str(ckpt)!r} has no {WEIGHTS}; it is incomplete")
     try:
-        missing, unexpected = load_model(unwrap(model), str(file), strict=False)
-    except (SafetensorError, OSError, RuntimeError) as e:
+        weights = load_file(file)
+        with safe_open(file, "pt") as f:
+            shared = f.metadata() or {}  # dropped name -> the name it is kept under
+    except (SafetensorError, OSError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(
-            f"cannot load {str(file)!r}: {first} (corrupt file or a different model config)"
-        ) from None
-    if missing or unexpected:
-        raise UserError(
-            f"{str(file)!r} does not match the model: missing {sorted(missing)[:3]}, unexpected "
-            f"{sorted(unexpected)[:3]} (was it written with a different model config?)"
-        )
+        raise UserError(f"cannot load {str(file)!r}: {first} (corrupt file)") from None
+    return weights | {name: weights[kept] for name, kept in shared.items() if kept in weights}
+
+
+def put_weights(model: nn.Module, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
+    """`weights` (read_weights) into `model` (unwrapped), strictly: every name and shape must match."""
+    try:
+        unwrap(model).load_state_dict(weights)
+    except RuntimeError as e:
+        detail = [line.strip() for line in str(e).splitlines()][1:] or [str(e)]  # after "Error(s) in ..."
+        raise UserError(f"{str(ckpt / WEIGHTS)!r} does not match the model: {detail[0][:200]} "
+                        "(was it written with a different model config?)") from None
+
+
+def load_weights(model: nn.Module, ckpt: Path) -> None:
+    """Load model.safetensors into `model` (unwrapped), strictly: every name and shape must match."""
+    put_weights(model, read_weights(ckpt), ckpt)
 
 
 def load_state(ckpt: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:

@@ -16,7 +16,7 @@ Read in this order:
     step.py         Plan (a plain record of how a step computes) and the DecodeStep built from it
     products.py     the products' layouts, oneDNN flag and freezing, timed on the matrices themselves
     int8.py         int8 weights with their activations' dtype timed
-    whole_steps.py  a compiled step against its streamed twin, timed as whole steps
+    whole_steps.py  whole decode steps timed: a compiled step against its streamed twin, the eager step alone
     gate.py         the numbers gate: a step is used only where it gives the eager step's logits and tokens
     kept.py         what a step chose and compiled (its plan, Inductor's artifacts), kept per machine, model
                     and dtype, so a later run skips choosing and compiling; damaged records chosen again

@@ -1,9 +1,10 @@
-"""Whole decode steps timed against each other: a compiled step as chosen against its streamed twin.
+"""Whole decode steps timed: a compiled step as chosen against its streamed twin, and the eager step alone.
 
 A streamed product (streamed.py) gains because Inductor generates it together with the norm, activation or
 residual add around it, which no product timed alone shows; so this choice is timed on whole steps: each
 decoding one token after a prefix of an eighth of the context, in interleaved rounds, judged by the median of
-the rounds' ratio (`paired_speedup`) against STEP_MIN_SPEEDUP.
+the rounds' ratio (`paired_speedup`) against STEP_MIN_SPEEDUP. `eager_step_s` times the eager step alone, for
+compile=auto (generation/auto.py) to weigh against what compiling is known to cost here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from minigpt.fast.step import DecodeStep, Plan
 from minigpt.fast.timing import STEP_MIN_SPEEDUP, interleaved_times, paired_speedup
+from minigpt.model.gpt import GPT
 
 
 def step_after(step: DecodeStep, prefix: torch.Tensor) -> Callable[[], torch.Tensor]:
@@ -46,6 +48,11 @@ def time_steps(steps: dict[str, DecodeStep], rows: int, repeats: int = 15) -> di
         calls[name] = step_after(step, torch.zeros(rows, length, dtype=torch.long, device=step.device))
         calls[name]()  # compiles
     return interleaved_times(calls, repeats, device=next(iter(steps.values())).device)
+
+
+def eager_step_s(model: GPT, rows: int) -> float:
+    """Median seconds of one eager decode step of `model` for `rows` rows, over a few rounds."""
+    return statistics.median(time_steps({"eager": DecodeStep(model)}, rows, repeats=5)["eager"])
 
 
 StepMeasure = Callable[[dict[str, DecodeStep], int], dict[str, list[float]]]

@@ -17,31 +17,36 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from minigpt.fast.kept import Kept
+from minigpt.fast.kept import StepCache
+from minigpt.fast.whole_steps import eager_step_s
+from minigpt.model.gpt import GPT
 
 
-def choose_compile(steps: int, kept: Kept | None, latest: Kept | None,
-                   eager_step_s: Callable[[], float]) -> tuple[bool, str]:
-    """Whether to compile a step that will decode `steps` tokens per row, and why, from `kept` (this model's
-    compiled step's record, or None), `latest` (the newest compiled step's record on this machine, or None)
-    and `eager_step_s` (times the eager step, called only where it is needed)."""
+def choose_compile(model: GPT, rows: int, steps: int, cache: StepCache | None,
+                   time_eager: Callable[[GPT, int], float] = eager_step_s) -> tuple[bool, str]:
+    """Whether to compile `model`'s step that will decode `steps` tokens for each of `rows` rows, and why,
+    from what `cache` knows (None: nothing, so eager): this model's compiled step's record, else the newest
+    compiled step's on this machine; `time_eager` times the eager step, called only where it is needed."""
+    if cache is None:
+        return False, "eager: no decode-step cache to judge compiling by"
+    key = cache.key(model.eval(), rows, True)
+    kept = cache.peek(key)
     if kept is not None:
         if not kept.plan.compiled:
             return False, "eager: every compiled step was refused by the numbers gate here (kept)"
         eager, compiled = kept.times.get("eager"), kept.times.get("compiled")
         if kept.warm_s is None or eager is None or compiled is None:
             return True, f"compiled: the cache is warm (chosen and compiled once, in {kept.choose_s:.0f} s)"
-        return _weigh(steps, eager - compiled, kept.warm_s, "its warm start", "kept")
-    if latest is None:
-        return False, "eager: nothing compiled on this machine yet to say what compiling costs (compile=true)"
-    eager = eager_step_s()
-    ratio = latest.times["compiled"] / latest.times["eager"]
-    return _weigh(steps, eager * (1 - ratio), latest.choose_s, "choosing and compiling",
-                  "estimated from the newest compiled step kept here")
-
-
-def _weigh(steps: int, saving_s: float, cost_s: float, cost: str, source: str) -> tuple[bool, str]:
+        saving_s, cost_s, cost = eager - compiled, kept.warm_s, "its warm start of {:.1f} s (kept)"
+    else:
+        latest = cache.latest_compiled(key)
+        if latest is None:
+            return False, ("eager: nothing compiled on this machine yet to say what compiling costs "
+                           "(compile=true)")
+        ratio = latest.times["compiled"] / latest.times["eager"]
+        saving_s, cost_s = time_eager(model, rows) * (1 - ratio), latest.choose_s
+        cost = "choosing and compiling of {:.1f} s (estimated from the newest compiled step kept here)"
     saved = f"{steps} steps x {saving_s * 1e3:.2f} ms saved = {steps * saving_s:.1f} s"
     if steps * saving_s > cost_s:
-        return True, f"compiled: {saved} > {cost} of {cost_s:.1f} s ({source})"
-    return False, f"eager: {saved} < {cost} of {cost_s:.1f} s ({source})"
+        return True, f"compiled: {saved} > {cost.format(cost_s)}"
+    return False, f"eager: {saved} < {cost.format(cost_s)}"

@@ -5,7 +5,6 @@ true, false, or auto (auto.py decides from what the decode-step cache knows).
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +13,7 @@ from minigpt.fast.fastest import fastest_step
 from minigpt.fast.int8 import quantize_for_decoding
 from minigpt.fast.kept import FOLDER, StepCache
 from minigpt.fast.step import DecodeStep
-from minigpt.fast.whole_steps import time_steps
 from minigpt.generation.auto import choose_compile
-from minigpt.model.gpt import GPT
 
 
 def load_decoder(checkpoint: str | None, device: str, weights_dtype: str, *, compile: str = "false",
@@ -33,16 +30,8 @@ def load_decoder(checkpoint: str | None, device: str, weights_dtype: str, *, com
     cache = StepCache(Path(cache_dir) / FOLDER) if cache_dir is not None else None
     compiled, why = compile == "true", ""
     if compile == "auto":
-        compiled, why = _auto(model, batch_size, steps, cache)
+        compiled, why = choose_compile(model, batch_size, steps, cache)
+        why = f"compile=auto: {why}"
     step = fastest_step(model, rows=batch_size, compile=compiled, cache=cache if compiled else None)
     return step, tokenizer, meta, why
 
-
-def _auto(model: GPT, rows: int, steps: int, cache: StepCache | None) -> tuple[bool, str]:
-    """compile=auto's choice for `model` (auto.py), from `cache` (None: nothing is known, so eager)."""
-    if cache is None:
-        return False, "eager: no decode-step cache to judge compiling by"
-    key = cache.key(model.eval(), rows, True)
-    eager = lambda: statistics.median(time_steps({"eager": DecodeStep(model)}, rows, repeats=5)["eager"])
-    compiled, why = choose_compile(steps, cache.peek(key), cache.latest_compiled(key), eager)
-    return compiled, f"compile=auto: {why}"

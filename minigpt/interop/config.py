@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from minigpt.errors import UserError
 
 FORMATS = ("hf", "gguf")
+# what a Hugging Face folder can be written as: a transformers class, or minigpt's own modeling code
+HF_FAMILIES = ("gpt2", "llama", "qwen3", "arcee", "custom")
 # the tensor types llama.cpp's own converter offers for a float model; 1-d tensors always stay f32
 GGUF_TYPES = ("f32", "f16", "bf16", "q8_0")
 
@@ -23,16 +25,26 @@ class ExportConfig:
     format: str = "hf"  # hf: a transformers folder | gguf: one file for llama.cpp / Ollama
     out: str | None = None  # the folder (hf) or file (gguf) to create; it must not exist yet
     gguf_type: str | None = None  # gguf only: f32 | f16 | bf16 | q8_0; None: f32
+    # hf only: gpt2 | llama | qwen3 | arcee | custom (minigpt's own modeling code); None: the transformers
+    # class that computes the model, else custom
+    hf_family: str | None = None
 
     def __post_init__(self) -> None:
         if self.format not in FORMATS:
             raise UserError(f"format={self.format!r} is not one of: {', '.join(FORMATS)}")
-        if self.gguf_type is not None:
-            if self.format != "gguf":
-                raise UserError(f"gguf_type={self.gguf_type} applies only to format=gguf (a Hugging Face "
-                                "folder holds float32 weights); drop it or set format=gguf")
-            if self.gguf_type not in GGUF_TYPES:
-                raise UserError(f"gguf_type={self.gguf_type!r} is not one of: {', '.join(GGUF_TYPES)}")
+        self._check_format_key("hf_family", self.hf_family, "hf", HF_FAMILIES, "")
+        self._check_format_key("gguf_type", self.gguf_type, "gguf", GGUF_TYPES,
+                               " (a Hugging Face folder holds float32 weights)")
+
+    def _check_format_key(self, key: str, value: str | None, fmt: str, allowed: tuple[str, ...],
+                          why: str) -> None:
+        """A key of one format's (left out: None) is given with that format and one of `allowed`."""
+        if value is None:
+            return
+        if self.format != fmt:
+            raise UserError(f"{key}={value} applies only to format={fmt}{why}; drop it or set format={fmt}")
+        if value not in allowed:
+            raise UserError(f"{key}={value!r} is not one of: {', '.join(allowed)}")
 
     @property
     def tensor_type(self) -> str:

@@ -3,7 +3,7 @@ folder and a GGUF file are both written from (llama.cpp's converter maps these s
 
 gpt2   minigpt's own names, which are GPT-2's, in nn.Linear's (out, in) layout; a model built with
        model.bias=false gets a zero bias wherever GPT-2 has one (the same function)
-llama  the names of LlamaForCausalLM (and Qwen3ForCausalLM), the two fused projections split:
+llama  the names of LlamaForCausalLM (and Qwen3ForCausalLM, ArceeForCausalLM), the fused projections split:
 
     transformer.wte                  model.embed_tokens
     h.{i}.ln_1 / ln_2                model.layers.{i}.input_layernorm / post_attention_layernorm
@@ -11,6 +11,7 @@ llama  the names of LlamaForCausalLM (and Qwen3ForCausalLM), the two fused proje
     h.{i}.attn.q_norm / k_norm       self_attn.q_norm / k_norm             (qk_norm: Qwen3 only)
     h.{i}.attn.c_proj                self_attn.o_proj
     h.{i}.mlp.c_fc     (fused)       mlp.gate_proj | up_proj               rows hidden | hidden
+                                     mlp.up_proj                           (relu2: Arcee, no gate)
     h.{i}.mlp.c_proj                 mlp.down_proj
     transformer.ln_f / lm_head       model.norm / lm_head  (no lm_head when tied)
 """
@@ -42,6 +43,7 @@ def llama_table(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
     """(minigpt name, Llama names) of every tensor; with several Llama names the minigpt tensor is their rows
     stacked in that order (the fused projections)."""
     kinds = ("weight", "bias") if cfg.bias else ("weight",)
+    up = ("up_proj",) if cfg.activation == "relu2" else ("gate_proj", "up_proj")  # arcee has no gate
     table = [("transformer.wte.weight", ("model.embed_tokens.weight",))]
     for i in range(cfg.n_layer):
         ours, theirs = f"transformer.h.{i}.", f"model.layers.{i}."
@@ -53,7 +55,7 @@ def llama_table(cfg: ModelConfig) -> list[tuple[str, tuple[str, ...]]]:
             table += [
                 (f"{ours}attn.c_attn.{kind}", tuple(f"{theirs}self_attn.{p}_proj.{kind}" for p in "qkv")),
                 (f"{ours}attn.c_proj.{kind}", (f"{theirs}self_attn.o_proj.{kind}",)),
-                (f"{ours}mlp.c_fc.{kind}", (f"{theirs}mlp.gate_proj.{kind}", f"{theirs}mlp.up_proj.{kind}")),
+                (f"{ours}mlp.c_fc.{kind}", tuple(f"{theirs}mlp.{p}.{kind}" for p in up)),
                 (f"{ours}mlp.c_proj.{kind}", (f"{theirs}mlp.down_proj.{kind}",)),
             ]
     table.append(("transformer.ln_f.weight", ("model.norm.weight",)))
@@ -70,7 +72,7 @@ def _split_sizes(cfg: ModelConfig, name: str) -> list[int]:
 
 
 def llama_weights(model: GPT) -> dict[str, torch.Tensor]:
-    """The weights of a llama- or qwen3-family model under Llama's names, the fused matrices split; no
+    """The weights of a llama-, qwen3- or arcee-family model under Llama's names, the fused matrices split; no
     lm_head when tied. UserError for a model of no such family."""
     cfg = model.config
     family = architecture_of(cfg)

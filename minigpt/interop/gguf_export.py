@@ -4,19 +4,27 @@ the `gguf` package llama.cpp publishes.
 The weights are first named as their family names them (family_weights.py), and gguf's own map of those
 names (`gguf.get_tensor_name_map`) gives the GGUF ones (`blk.0.attn_q.weight`, ...), so the file is laid
 out as llama.cpp's converter would lay out the same model. The metadata holds the sizes llama.cpp's `gpt2`,
-`llama` or `qwen3` graph reads and the tokenizer (gguf_vocab.py).
+`llama`, `qwen3` or `arcee` graph reads and the tokenizer (gguf_vocab.py). The technique switches that no
+graph of llama.cpp computes (value embeddings, the smear, the residual scalars, ...) are refused all at once
+in one line that names the portable preset to train instead.
 
-RoPE pairing. llama.cpp's `llama` graph rotates adjacent pairs (2i, 2i+1) of each head; minigpt (and HF)
-pair dimension i with i + D/2. Reordering the rows of W_q and W_k (and their biases) in every head from
-[0 .. D/2-1 | D/2 .. D-1] to [0, D/2, 1, D/2+1, ...] makes the adjacent-pair rotation compute exactly the
-rotate-half one; q·k is unchanged, as both are reordered alike (`interleave_rope_rows`). Its `qwen3` graph
-rotates halves, as minigpt does, so a qwen3 model's rows (and its query and key norms) stay as they are.
+RoPE pairing. llama.cpp's `llama` and `arcee` graphs rotate adjacent pairs (2i, 2i+1) of each head;
+minigpt (and HF) pair dimension i with i + D/2. Reordering the rows of W_q and W_k (and their biases) in
+every head from [0 .. D/2-1 | D/2 .. D-1] to [0, D/2, 1, D/2+1, ...] makes the adjacent-pair rotation compute
+exactly the rotate-half one; q·k is unchanged, as both are reordered alike (`interleave_rope_rows`). Its
+`qwen3` graph rotates halves, as minigpt does, so a qwen3 model's rows (and its query and key norms) stay as
+they are.
 
 Tensor types: f32 keeps every number. f16, bf16 and q8_0 convert the 2-d weights and keep the 1-d tensors
 (norms, biases) and GPT-2's position table in f32, as llama.cpp's converter does. q8_0 stores blocks of 32
 values as int8 with one f16 scale per block, so a weight whose rows are no multiple of 32 falls back to f16
 (also as llama.cpp's converter does). llama.cpp's `gpt2` graph computes the tanh approximation of GELU, so
 only model.activation=gelu_tanh exports as gpt2.
+
+ReLU² (`arcee`) and half precision: llama.cpp multiplies a float16 weight by activations it first rounds to
+float16 too, whose largest value is 65,504; the squared activations entering the down projection grow fast
+with training, so an f16 file of a ReLU² model can overflow where bf16 (float32's range) and q8_0 (a float16
+scale per 32 values, amax / 127) cannot. docs/export.md has the figures of a trained model.
 """
 
 from __future__ import annotations
@@ -32,7 +40,15 @@ import torch
 
 from minigpt.data.tokenizers import Tokenizer
 from minigpt.errors import UserError
-from minigpt.interop.architecture import GPT2, LLAMA, QWEN3, architecture_of
+from minigpt.interop.architecture import (
+    ARCEE,
+    GPT2,
+    LLAMA,
+    QWEN3,
+    architecture_of,
+    features_without_family,
+    technique_switches,
+)
 from minigpt.interop.family_weights import gpt2_weights, llama_weights
 from minigpt.interop.gguf_vocab import add_vocabulary, gguf_vocabulary
 from minigpt.interop.staging import staged_output
@@ -45,7 +61,10 @@ TENSOR_TYPES = {
     "f32": (Q.F32, gguf.LlamaFileType.ALL_F32), "f16": (Q.F16, gguf.LlamaFileType.MOSTLY_F16),
     "bf16": (Q.BF16, gguf.LlamaFileType.MOSTLY_BF16), "q8_0": (Q.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
 }
-ARCHS = {GPT2: gguf.MODEL_ARCH.GPT2, LLAMA: gguf.MODEL_ARCH.LLAMA, QWEN3: gguf.MODEL_ARCH.QWEN3}
+ARCHS = {GPT2: gguf.MODEL_ARCH.GPT2, LLAMA: gguf.MODEL_ARCH.LLAMA, QWEN3: gguf.MODEL_ARCH.QWEN3,
+         ARCEE: gguf.MODEL_ARCH.ARCEE}
+ADJACENT_PAIRS = (LLAMA, ARCEE)  # llama.cpp rotates (2i, 2i+1) in these graphs; qwen3's rotates halves
+PORTABLE = "model=demo"  # the best measured preset every format carries (docs/export.md)
 KEEP_F32 = (gguf.MODEL_TENSOR.POS_EMBD,)  # 2-d, but a table of additive offsets: kept exact
 
 
@@ -61,14 +80,14 @@ def gguf_tensors(model: GPT) -> tuple[str, dict[str, torch.Tensor]]:
     Refuses what neither graph has; whether llama.cpp's gpt2 graph computes the same GELU is export_gguf's
     check (the bench times an exact-GELU model there, for speed only)."""
     cfg = model.config
-    family = architecture_of(cfg, target="GGUF")
+    family = gguf_family(cfg)
     if family == GPT2:
         named = gpt2_weights(model)  # minigpt's names are GPT-2's, in Linear layout (no Conv1D here)
         if cfg.tie_weights:
             del named["lm_head.weight"]  # llama.cpp reuses token_embd when there is no output tensor
     else:
         named = llama_weights(model)
-        for name in list(named) if family == LLAMA else ():  # qwen3 rotates halves (module docstring)
+        for name in list(named) if family in ADJACENT_PAIRS else ():  # the module docstring
             if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
                 heads = cfg.n_head if ".q_proj." in name else cfg.kv_heads
                 named[name] = interleave_rope_rows(named[name], heads)
@@ -81,6 +100,17 @@ def gguf_tensors(model: GPT) -> tuple[str, dict[str, torch.Tensor]]:
             raise RuntimeError(f"gguf has no tensor name for {name}")
         out[gguf_name] = tensor.detach().float().cpu()
     return gguf.MODEL_ARCH_NAMES[arch], out
+
+
+def gguf_family(cfg) -> str:
+    """The llama.cpp graph that computes `cfg`; a UserError naming every switch none computes, and what to
+    do instead, for a model with technique switches (model=recipe has several)."""
+    if technique_switches(cfg):
+        features = features_without_family(cfg)
+        raise UserError(f"{', '.join(features)} {'has' if len(features) == 1 else 'have'} no GGUF "
+                        "equivalent: no llama.cpp graph computes them; export it with format=hf (its own "
+                        f"modeling code carries them), or train {PORTABLE} (a Llama block) for llama.cpp")
+    return architecture_of(cfg, target="GGUF")
 
 
 def encode_tensor(name: str, tensor: torch.Tensor, gguf_type: str) -> tuple[np.ndarray, Q]:

@@ -1,16 +1,18 @@
 """A minigpt model that no transformers class computes, as a Hugging Face folder with modeling code of its
 own.
 
-The technique switches (value embeddings, the smear, the residual scalars, the backout, ReLU², norms without
-a gain, ...) make models that GPT2LMHeadModel, LlamaForCausalLM and Qwen3ForCausalLM cannot express. For a
-rotary, pre-norm model the export then writes, beside the weights under minigpt's own names,
+The technique switches (value embeddings, the smear, the residual scalars, the backout, ReLU² with QK-norm,
+norms without a gain, ...) make models that no class of transformers computes (interop/architecture.py). For
+a rotary, pre-norm model `scripts/export.py format=hf` then writes (hf_export.py), beside the weights under
+minigpt's own names,
 
     configuration_minigpt.py   MiniGPTConfig (config.json's keys: the sizes and switches)
     modeling_minigpt.py        MiniGPTForCausalLM: minigpt's forward pass written out again with torch alone
 
 from `hf_remote/`, and config.json's `auto_map` points transformers at them: `AutoModelForCausalLM.
 from_pretrained(folder, trust_remote_code=True)` loads the model, and `generate` runs it (without a KV cache:
-each step recomputes the sequence, which these small models afford). Positional encodings other than rotary,
+each step recomputes the sequence, which these small models afford; the folder's generation_config.json says
+use_cache=false). Positional encodings other than rotary,
 post-norm blocks and the ablations are refused, naming the key.
 """
 
@@ -40,9 +42,8 @@ def custom_config(cfg: ModelConfig, eot_id: int) -> dict:
     """config.json for the modeling code of `hf_remote/`; UserError naming what it does not compute."""
     refuse_ablations(cfg, "Hugging Face")
     if cfg.pos_encoding != "rope":
-        raise UserError(f"model.pos_encoding={cfg.pos_encoding} has no Hugging Face equivalent with the "
-                        "technique switches: minigpt's own modeling code computes rotary models "
-                        "(model.pos_encoding=rope)")
+        raise UserError(f"model.pos_encoding={cfg.pos_encoding} has no Hugging Face equivalent in minigpt's "
+                        "own modeling code, which computes rotary models (model.pos_encoding=rope)")
     if cfg.norm_placement != "pre":
         raise UserError(f"model.norm_placement={cfg.norm_placement} has no Hugging Face equivalent: "
                         "minigpt's own modeling code computes pre-norm blocks (model.norm_placement=pre)")

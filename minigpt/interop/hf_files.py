@@ -86,6 +86,10 @@ def write_json(file: Path, content: dict) -> None:
     _write(file, (json.dumps(content, indent=2) + "\n").encode())
 
 
+def write_text(file: Path, text: str) -> None:
+    _write(file, text.encode())
+
+
 def write_weights(file: Path, tensors: dict[str, torch.Tensor]) -> None:
     """float32 safetensors; the `format: pt` tag tells transformers the tensors are in PyTorch layout. Made in
     memory and written as plain bytes: a failed write is then an OSError, not safetensors' text about one."""

@@ -1,4 +1,4 @@
-"""A Hugging Face folder (one an export wrote, or any GPT-2 / Llama / Qwen3 one) -> a new minigpt
+"""A Hugging Face folder (one an export wrote, or any GPT-2 / Llama / Qwen3 / Arcee one) -> a new minigpt
 checkpoint folder that generate.py and trainer.init_from read: the weights, meta.json and a tokenizer, no
 optimizer state.
 
@@ -23,11 +23,12 @@ from minigpt.interop.hf_tokenizer import TOKENIZER_JSON, tokenizer_from_hf
 from minigpt.interop.staging import ELSEWHERE, parent_folders
 from minigpt.model.gpt import GPT
 
-LOADERS = {"gpt2": load_hf_gpt2, "llama": load_hf_llama, "qwen3": load_hf_llama}  # config.json's model_type
+# config.json's model_type -> its reader
+LOADERS = {"gpt2": load_hf_gpt2, "llama": load_hf_llama, "qwen3": load_hf_llama, "arcee": load_hf_llama}
 
 
 def load_hf_model(folder: str | Path) -> GPT:
-    """A minigpt GPT (float32, CPU, eval mode) with the weights of a GPT-2, Llama or Qwen3 HF folder."""
+    """A minigpt GPT (float32, CPU, eval mode) with the weights of a GPT-2, Llama, Qwen3 or Arcee folder."""
     folder = Path(folder).expanduser()
     model_type = read_hf_config(folder).get("model_type", "gpt2")
     if model_type not in LOADERS:

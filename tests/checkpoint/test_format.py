@@ -71,7 +71,7 @@ def test_rng_state_round_trip():
 
 
 @pytest.mark.parametrize("damage", ["missing_path", "no_meta", "bad_json", "future_version",
-                                    "truncated_weights", "no_weights", "garbage_state"])
+                                    "truncated_weights", "no_weights", "garbage_state", "other_model_config"])
 def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
     path = tmp_path / "ckpt"
     _write(path)
@@ -91,12 +91,18 @@ def test_bad_checkpoints_raise_user_error(tmp_path: Path, damage: str):
         (path / ckpt.WEIGHTS).unlink()
     elif damage == "garbage_state":
         (path / ckpt.STATE).write_bytes(b"\x00garbage" * 10)
+    elif damage == "other_model_config":  # weights that are not the recorded model's
+        meta = json.loads((path / ckpt.META).read_text())
+        meta["model_config"]["n_embd"] = 48
+        (path / ckpt.META).write_text(json.dumps(meta))
     with pytest.raises(UserError) as info:
         load_model(path, "cpu")
         ckpt.load_state(resolve_checkpoint(path))
     assert "\n" not in str(info.value)
     if damage == "future_version":
         assert "99" in str(info.value) and "1" in str(info.value)
+    if damage == "other_model_config":
+        assert ckpt.WEIGHTS in str(info.value) and "size mismatch" in str(info.value)
 
 
 def test_find_latest_checkpoint_is_the_most_recently_written(tmp_path: Path):

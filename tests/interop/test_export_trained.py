@@ -29,9 +29,11 @@ def test_a_trained_default_architecture_model_runs_elsewhere(tmp_path: Path, cap
     train(to_object(compose_train(overrides), TrainConfig), tmp_path / "run")
     model, tokenizer, _ = load_model(tmp_path / "run", "cpu")
     assert model.config.kv_heads < model.config.n_head and not model.config.tie_weights  # GQA, untied
-    for args in (["format=hf", f"out={tmp_path / 'hf'}"], ["format=gguf", f"out={tmp_path / 'm.gguf'}"]):
-        done = run_script("export", [f"checkpoint={tmp_path / 'run'}", *args], capsys)
-        assert done.code == 0, done.err
+    summaries = {"hf": "LlamaForCausalLM, which transformers loads with no custom code",
+                 "gguf": "llama.cpp's llama graph, f32 weights"}
+    for fmt, out in (("hf", tmp_path / "hf"), ("gguf", tmp_path / "m.gguf")):
+        done = run_script("export", [f"checkpoint={tmp_path / 'run'}", f"format={fmt}", f"out={out}"], capsys)
+        assert done.code == 0 and done.out.strip() == f"exported to {out}: {summaries[fmt]}", done.err
 
     prompt = tokenizer.encode("def f3(x):\n")
     ours = generate(model, [prompt], max_new_tokens=100, params=SamplingParams(temperature=0.0),

@@ -53,7 +53,7 @@ def _expected(model) -> dict[str, torch.Tensor]:
     """Every tensor llama.cpp reads, from our weights by name (the table the exporter must reproduce)."""
     cfg, sd = model.config, model.state_dict()
     H, H_kv, D = cfg.n_head, cfg.kv_heads, cfg.head_dim
-    llama = cfg.pos_encoding == "rope"  # the llama graph, or qwen3's, which rotates halves as we do
+    llama = cfg.pos_encoding == "rope"  # the llama or arcee graph, or qwen3's, which rotates halves as we do
 
     def rope_rows(rows: torch.Tensor, heads: int) -> torch.Tensor:
         return rows if cfg.qk_norm else _interleaved(rows, heads)
@@ -80,9 +80,13 @@ def _expected(model) -> dict[str, torch.Tensor]:
                     f"{b}ffn_down.{k}": ours(f"{p}mlp.c_proj.{k}")}
             if llama:
                 q, key, v = ours(f"{p}attn.c_attn.{k}").split([H * D, H_kv * D, H_kv * D])
-                gate, up = ours(f"{p}mlp.c_fc.{k}").split(ffn_hidden_size(cfg))
                 out |= {f"{b}attn_q.{k}": rope_rows(q, H), f"{b}attn_k.{k}": rope_rows(key, H_kv),
-                        f"{b}attn_v.{k}": v, f"{b}ffn_gate.{k}": gate, f"{b}ffn_up.{k}": up}
+                        f"{b}attn_v.{k}": v}
+                if cfg.activation == "relu2":  # arcee: down(relu(up x)²), no gate
+                    out[f"{b}ffn_up.{k}"] = ours(f"{p}mlp.c_fc.{k}")
+                else:
+                    gate, up = ours(f"{p}mlp.c_fc.{k}").split(ffn_hidden_size(cfg))
+                    out |= {f"{b}ffn_gate.{k}": gate, f"{b}ffn_up.{k}": up}
             else:
                 out |= {f"{b}attn_qkv.{k}": ours(f"{p}attn.c_attn.{k}"),
                         f"{b}ffn_up.{k}": ours(f"{p}mlp.c_fc.{k}"),
@@ -101,7 +105,8 @@ def test_the_file_holds_our_tensors_and_metadata(tmp_path: Path, shape: str) -> 
         kind, got = tensors[name]
         assert kind == "F32" and got.shape == tuple(want.shape) and np.array_equal(got, want.numpy()), name
     cfg, fields = model.config, _fields(reader)
-    arch = ("qwen3" if cfg.qk_norm else "llama") if cfg.pos_encoding == "rope" else "gpt2"
+    rope_arch = "qwen3" if cfg.qk_norm else "arcee" if cfg.activation == "relu2" else "llama"
+    arch = rope_arch if cfg.pos_encoding == "rope" else "gpt2"
     assert fields["general.architecture"] == arch and fields["general.name"] == "minigpt-test"
     assert fields["general.file_type"] == gguf.LlamaFileType.ALL_F32
     sizes = {"context_length": cfg.block_size, "embedding_length": cfg.n_embd, "block_count": cfg.n_layer,

@@ -32,7 +32,7 @@ transformers = pytest.importorskip("transformers")
 
 GREEDY_TOKENS = 100
 CLASSES = {"gpt2_block": "GPT2LMHeadModel", "odd_gpt2": "GPT2LMHeadModel", "demo": "LlamaForCausalLM",
-           "odd_llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+           "odd_llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "arcee": "ArceeForCausalLM"}
 
 
 def _use_transformers_rope_tables(model, hf) -> None:
@@ -151,7 +151,8 @@ def test_the_export_and_import_scripts(tmp_path: Path, capsys) -> None:
     """The real command lines: a round trip, then bad input in one line each, with nothing written."""
     ckpt, model = make_checkpoint(tmp_path / "ckpt", "demo")
     done = run_script("export", [f"checkpoint={ckpt}", "format=hf", f"out={tmp_path / 'hf'}"], capsys)
-    assert done.code == 0 and done.out.strip() == f"exported to {tmp_path / 'hf'}", done.err
+    summary = f"exported to {tmp_path / 'hf'}: LlamaForCausalLM, which transformers loads with no custom code"
+    assert done.code == 0 and done.out.strip() == summary, done.err
     done = run_script("import_hf", [f"source={tmp_path / 'hf'}", f"out={tmp_path / 'back'}"], capsys)
     assert done.code == 0 and done.out.strip() == f"imported to {tmp_path / 'back'}", done.err
     assert json.loads((tmp_path / "back" / "meta.json").read_text())["model_config"]["n_kv_head"] == 1

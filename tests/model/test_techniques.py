@@ -279,10 +279,10 @@ def test_gpt2_export_refuses_a_switch_it_lacks():
         hf_config_from_model(shrunk_config("gpt2", qk_norm=True))
 
 
-def test_relu2_has_no_equivalent_in_either_family():
-    for preset in ("gpt2", "demo"):
-        with pytest.raises(UserError, match="model.activation=relu2 with model.pos_encoding=.* has no"):
-            architecture_of(shrunk_config(preset, activation="relu2"))
+def test_relu2_is_arcees_block_with_rotary_positions_and_none_with_learned_ones():
+    assert architecture_of(shrunk_config("demo", activation="relu2")) == "arcee"
+    with pytest.raises(UserError, match="model.activation=relu2 with model.pos_encoding=learned has no"):
+        architecture_of(shrunk_config("gpt2", activation="relu2"))
 
 
 def test_a_softcap_bounds_the_loss_of_a_confident_wrong_guess():
