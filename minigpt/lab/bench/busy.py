@@ -1,5 +1,6 @@
-"""Training on a busy machine: the default run's tokens/s alone and beside a CPU-bound competitor, with the
-thread count chosen by measurement and with one thread per core (torch's own default).
+"""Training on a busy machine: the Llama-style run's (TrainConfig's defaults) tokens/s alone and beside a
+CPU-bound competitor, with the thread count chosen by measurement and with one thread per core (torch's own
+default).
 
 The competitor is a Python busy loop in a process of its own, which the section starts and stops. The
 trainer's step of the default model (techniques.default_model_step: the trainer's autocast, fused loss and
@@ -133,8 +134,9 @@ def _summary(runs: list[dict], tokens: int) -> dict:
 def format_busy(r: dict) -> list[str]:
     """The section's table: tokens/s alone and beside the competitor, and what each setting keeps."""
     m = r["model"]
-    head = (f"Training beside a busy loop (the default model: {m['n_layer']} layers x {m['n_embd']} wide, "
-            f"vocab {m['vocab_size']}, batch {r['batch_size']} x {m['block_size']}, {r['dtype']}; "
+    head = (f"Training beside a busy loop (the Llama-style model, `model=demo`: {m['n_layer']} layers x "
+            f"{m['n_embd']} wide, vocab {m['vocab_size']}, batch {r['batch_size']} x {m['block_size']}, "
+            f"{r['dtype']}; "
             f"{r['steps']} steps per run, median of {r['repeats']} interleaved rounds; {r['cores']} cores): "
             "tokens/s [threads]")
     rows = []

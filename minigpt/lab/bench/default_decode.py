@@ -1,4 +1,4 @@
-"""`make train`'s model decoding: tokens/s of greedy generation at batch 1, eager and compiled.
+"""The Llama-style model's decoding: tokens/s of greedy generation at batch 1, eager and compiled.
 
 The default model (ModelConfig's defaults: 4 layers x 96 wide, one KV head, RoPE, SwiGLU, untied head over
 the 4096-token bpe vocabulary) has 1.2M parameters, 4.7 MB in float32: its weights stay in the CPU's caches,

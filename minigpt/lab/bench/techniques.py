@@ -1,4 +1,4 @@
-"""What each technique switch costs per training step on the default run's model.
+"""What each technique switch costs per training step on the Llama-style model (`model=demo`).
 
 A technique that adds work per token (QK-norm's norms, the value-embedding lookups and gates, Muon's
 orthogonalisations) must win at equal training *time*, not only at equal tokens. This section times the
