@@ -3,7 +3,7 @@ CPU-bound competitor, with the thread count chosen by measurement and with one t
 default).
 
 The competitor is a Python busy loop in a process of its own, which the section starts and stops. The
-trainer's step of the default model (techniques.default_model_step: the trainer's autocast, fused loss and
+trainer's step of the Llama-style model (techniques.default_model_step: the trainer's autocast, fused loss and
 optimizer, random tokens) runs on the CPU in four settings, timed in interleaved rounds:
 
     quiet    measured     set_threads(None) as a run starts, then a ThreadGovernor fed every step's clock
@@ -83,7 +83,7 @@ def timed_run(step: Callable[[], None], steps: int, tokens: int, setting: str, f
 
 
 def bench_busy(quick: bool = False, steps: int = 60, repeats: int = 3) -> dict:
-    """Seconds per step of the default model's training step in each setting (module docstring), on a CPU."""
+    """Seconds per step of the Llama-style model's training step in each setting (module docstring)."""
     if quick:
         steps, repeats = 6, 1
     runtime = resolve_runtime(DeviceConfig(type="cpu"), probe_cache=Path(DataConfig().cache_dir))

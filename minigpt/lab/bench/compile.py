@@ -31,7 +31,7 @@ from minigpt.training.step import accumulate_gradients, optimizer_step
 
 
 def bench_compile(device: torch.device, *, repeats: int = 10, quick: bool = False) -> dict:
-    """Compile time, eager vs compiled step time of the default run's model, and the break-even step count."""
+    """Compile time, eager vs compiled step time of the Llama-style model, and the break-even step count."""
     cfg = TrainConfig()
     tc = cfg.trainer
     batch, block = tc.batch_size, cfg.model.block_size
