@@ -28,9 +28,9 @@ writes is an ordinary one: `trainer.resume=auto` continues it. Model keys of the
                                 block_size rows of wpe are kept; rope and sinusoidal tables are rebuilt)
     anything else               the source's; setting one to another value is refused, naming the key
 
-"Set" means a value other than the default run's model (`TrainConfig().model`: what the composed `model`
-group holds when you give no model override): the config cannot tell a default from a value typed equal to
-it, so `model.block_size=128` (the default) reads as not set.
+"Set" means a value other than `TrainConfig().model`'s (the Llama-style block of `model=demo`): the config
+cannot tell a default from a value typed equal to it, so `model.block_size=128` (the default) reads as not
+set.
 """
 
 from __future__ import annotations
