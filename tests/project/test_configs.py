@@ -13,9 +13,9 @@ from minigpt.cli import to_object
 from minigpt.config import SCHEMAS, register_configs
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
-from minigpt.model.factory import build_model
 from minigpt.model.config import ModelConfig
-from minigpt.training.config import OptimConfig, TrainConfig
+from minigpt.model.factory import build_model
+from minigpt.training.config import OptimConfig, TrainConfig, default_run_model
 
 
 def _options(group: str) -> list[str]:
@@ -129,11 +129,12 @@ def test_run_folder_name(run_name: str | None, suffix: str):
 
 
 def test_the_dataclass_defaults_are_the_plain_presets():
-    """One source of defaults: `train(TrainConfig(), ...)` from Python trains what `make train ARGS="model=demo
-    optim=muon"` runs, so the YAML of a plain option may restate a dataclass default but never differ from it;
-    the default run differs from it in its model and optimizer only."""
+    """One source of defaults: `train(TrainConfig(), ...)` from Python trains what `make train
+    ARGS="model=demo optim=muon"` runs, so the YAML of a plain option may restate a dataclass default but
+    never differ from it; the default run differs from it in its model and optimizer only."""
     assert to_object(compose_train(["model=demo", "optim=muon"]), TrainConfig) == TrainConfig()
     default = to_object(compose_train(), TrainConfig)
+    assert default.model == default_run_model()  # what fine-tuning reads as "not set" (training/start.py)
     assert dataclasses.replace(default, model=ModelConfig(), optim=OptimConfig()) == TrainConfig()
 
 
