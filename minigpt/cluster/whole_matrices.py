@@ -97,6 +97,7 @@ def on_owners(fn: MatrixFn, params: list[torch.Tensor], parts: list[torch.Tensor
 
 
 def _broadcast(tensors: list[torch.Tensor], src: int) -> list[dist.Work]:
+    """Every rank's `tensors` set to rank `src`'s, asynchronously: the works to wait for."""
     return [dist.broadcast(t, src=src, async_op=True) for t in tensors]
 
 
@@ -109,7 +110,8 @@ def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def _on_shards(fn: MatrixFn, shapes: list[tuple[int, int]], parts: list[torch.Tensor], owner: list[int],
                states: list[list[torch.Tensor]]) -> list[torch.Tensor]:
-    """FSDP2: gather each matrix's rows on its owner, compute there, scatter the result's rows back."""
+    """FSDP2: gather each matrix's rows on its owner, compute there, scatter the result's rows back (and
+    broadcast the matrix's states)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     chunk = [-(-m // world) for m, _ in shapes]  # c = ceil(m / N): every rank's padded share of the rows
     gathered, gathers = [], []
@@ -135,7 +137,7 @@ def _on_shards(fn: MatrixFn, shapes: list[tuple[int, int]], parts: list[torch.Te
 
 def _on_replicas(fn: MatrixFn, wholes: list[torch.Tensor], owner: list[int], states: list[list[torch.Tensor]]
                  ) -> list[torch.Tensor]:
-    """DDP: compute each matrix's result on its owner and broadcast it to the other ranks."""
+    """DDP: compute each matrix's result on its owner and broadcast it, and its states, to the other ranks."""
     rank = dist.get_rank()
     results, broadcasts = [], []
     for i, (whole, o) in enumerate(zip(wholes, owner, strict=True)):

@@ -129,7 +129,7 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
 def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonAdamW:
     """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
     the embedding tables at optim.embed_lr when it is set). With several processes (`world_size`: DDP, or
-    FSDP2's shards) each matrix is orthogonalised by one rank (minigpt/cluster/whole_matrices.py).
+    FSDP2's shards) each matrix's update is computed by one rank (minigpt/cluster/whole_matrices.py).
 
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
