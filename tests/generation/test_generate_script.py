@@ -4,6 +4,7 @@ function, one real CLI run, and every bad input ending in one clear line."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import io
 import os
 import subprocess
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import run_script
 from hydra import compose, initialize_config_dir
 from model_helpers import tiny_config
 
@@ -217,35 +219,39 @@ def test_a_draft_with_another_tokenizer_is_refused(ckpt: Path, tmp_path: Path):
         generate_in_process(f"checkpoint={ckpt}", f"draft={other}", "prompt=ab", "device=cpu")
 
 
-@pytest.mark.slow
-def test_cli_compile_without_a_cpp_compiler_warns_in_one_line_and_decodes(ckpt: Path, tmp_path: Path):
-    env_cxx = {"CXX": "/nonexistent/c++"}
-    args = [f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=8", "device=cpu", "compile=true"]
-    proc = run_cli(*args, f"hydra.run.dir={tmp_path / 'run'}", env=env_cxx)
-    assert proc.returncode == 0, proc.stderr
-    warnings = [line for line in proc.stderr.splitlines() if "compile" in line]
-    assert len(warnings) == 1 and "C++ compiler" in warnings[0] and "Traceback" not in proc.stderr
-    assert proc.stdout.startswith("ab")
+def test_compile_without_a_cpp_compiler_warns_in_one_line_and_decodes(ckpt: Path, tmp_path: Path, capsys,
+                                                                       monkeypatch):
+    """The script run in this process (cli_helpers.py): the warning is its console's, as the user sees it."""
+    importlib.import_module("torch._inductor.config")  # it reads CXX once, on import: the real one
+    monkeypatch.setenv("CXX", "/nonexistent/c++")  # what compile=true's check reads, in this process
+    args = [f"cache_dir={CACHE_DIR}", f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=8", "device=cpu",
+            "compile=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    run = run_script("generate", args, capsys)
+    assert run.code == 0, run.err
+    warnings = [line for line in run.err.splitlines() if "compile" in line]
+    assert len(warnings) == 1 and "C++ compiler" in warnings[0] and "Traceback" not in run.err
+    assert run.out.startswith("ab")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft", [False, True], ids=["plain", "speculative"])
-def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path, draft: bool):
+def test_compile_true_compiles_before_the_prompt_and_decodes_as_eager(ckpt: Path):
     """The summary's speed is decoding's: the steps are compiled on load (said in the summary), and the
-    generation itself then compiles nothing; the samples are the eager ones."""
-    args = [f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=40", "num_samples=1", "seed=3", "device=cpu",
-            "temperature=0", *([f"draft={ckpt}", "num_draft_tokens=3"] if draft else [])]
-    eager_out, eager_err = generate_in_process(*args)
-    cfg = config(*args, "compile=true")
-    loaded = load_for_generation(cfg)
-    assert loaded.compile_s > 0 and loaded.step.compiled
-    out, err = io.StringIO(), io.StringIO()
-    with torch.compiler.set_stance("fail_on_recompile"):  # raises if decoding the prompt compiles anything
-        run_samples(cfg, loaded, out, err)
-    assert out.getvalue() == eager_out  # 40 tokens: past the 16-token context, through window rebuilds
-    assert "compiled in" in err.getvalue() and "compiled in" not in eager_err
-    assert len(list((CACHE_DIR / "decode").glob("decode-*.json"))) == 1  # the model's step kept (the draft's
-    # is the same model's)
+    generation itself then compiles nothing; the samples are the eager ones. Plain decoding first, which
+    chooses the model's step and keeps it; then speculative decoding with the model as its own draft, whose
+    two steps are that kept one, and whose verification rounds must be compiled on load as well."""
+    for draft in (False, True):
+        args = [f"checkpoint={ckpt}", "prompt=ab", "max_new_tokens=40", "num_samples=1", "seed=3",
+                "device=cpu", "temperature=0", *([f"draft={ckpt}", "num_draft_tokens=3"] if draft else [])]
+        eager_out, eager_err = generate_in_process(*args)
+        cfg = config(*args, "compile=true")
+        loaded = load_for_generation(cfg)
+        assert loaded.compile_s > 0 and loaded.step.compiled and (loaded.draft is not None) == draft
+        out, err = io.StringIO(), io.StringIO()
+        with torch.compiler.set_stance("fail_on_recompile"):  # raises if the decoding compiles anything
+            run_samples(cfg, loaded, out, err)
+        assert out.getvalue() == eager_out, draft  # 40 tokens: past the 16-token context, windows rebuilt
+        assert "compiled in" in err.getvalue() and "compiled in" not in eager_err
+        assert len(list((CACHE_DIR / "decode").glob("decode-*.json"))) == 1  # one model, one step kept
 
 
 def test_compile_auto_says_in_the_summary_what_it_chose_and_why(ckpt: Path):

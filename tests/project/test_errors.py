@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import importlib
 import json
 import os
 import re
@@ -438,6 +439,7 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
     if case.endswith("cuda-missing") and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     if case == "train-compile-unavailable":  # what a machine without a C++ compiler looks like to Inductor
+        importlib.import_module("torch._inductor.config")  # it reads CXX once, on import: the real one
         monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.chdir(tmp_path)  # `outputs/` (generate's default search) is empty here
     script, args, needle = CASES[case]
