@@ -301,7 +301,8 @@ CASES = {
     "train-resume-diverged-checkpoint": (T, ["TRAIN", "trainer.resume={w}/diverged"],
                                          "holds non-finite weights"),
     # the default model soft-caps its logits, its loss stays under 10x its best: the Llama-style block explodes
-    "train-loss-explodes": (T, ["TRAIN", "model=demo", "optim=muon", "optim.lr=30", "optim.warmup_steps=0"],
+    "train-loss-explodes": (T, ["TRAIN", "model=demo", "optim=muon", "optim.lr=30",
+                                "optim.warmup_steps=0"],
                             "no checkpoint had been written yet"),
     "train-resumed-run-diverges": (T, ["TRAIN", "model=demo", "optim=muon", "trainer.resume={t}/run",
                                        "optim.lr=1e3", "trainer.max_steps=40", "trainer.ckpt_every=2"],
