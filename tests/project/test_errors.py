@@ -300,7 +300,7 @@ CASES = {
     "train-resume-corpus-changed": (T, ["TRAIN", "trainer.resume={w}/run"], "the corpus changed since"),
     "train-resume-diverged-checkpoint": (T, ["TRAIN", "trainer.resume={w}/diverged"],
                                          "holds non-finite weights"),
-    # the default model soft-caps its logits, its loss stays under 10x its best: the Llama-style block explodes
+    # the default model soft-caps its logits (its loss stays under 10x its best); the Llama-style one explodes
     "train-loss-explodes": (T, ["TRAIN", "model=demo", "optim=muon", "optim.lr=30",
                                 "optim.warmup_steps=0"],
                             "no checkpoint had been written yet"),
