@@ -39,7 +39,7 @@ lint: install ## ruff check
 prepare: install ## tokenise the default corpus (train does this on first use)
 	$(PY) scripts/prepare_data.py $(ARGS)
 
-train: install ## train the default model (model=demo) for a few minutes on CPU, then sample from it
+train: install ## train the default model (model=recipe) for a few minutes on CPU, then sample from it
 	$(PY) scripts/train.py $(ARGS)
 
 train-ddp: install ## train with DDP on NPROC processes (gloo on CPU, nccl on CUDA)

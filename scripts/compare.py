@@ -7,7 +7,7 @@
                     (bit for bit, or within `tolerance`), and only then the speed (lab/compare_speed.py)
     mode=simulate   the sequential test's error rate and power on simulated paired differences
 
-    make compare CANDIDATE="experiment=speedrun/six_layers"                # against the default run
+    make compare CANDIDATE="experiment=speedrun/six_layers"                # against the speedrun's baseline
     python scripts/compare.py 'candidate=["experiment=speedrun/six_layers"]'   # the same (Hydra wants the
                                                                            # quotes: the overrides hold =)
     make compare BASELINE="experiment=ablation/baseline" CANDIDATE="experiment=ablation/qk_norm"

@@ -1,7 +1,7 @@
 """Print every tensor shape of a forward pass: `python scripts/shape_walk.py [model=<option>] [key=value]`.
 
 Examples:
-    python scripts/shape_walk.py                          # the default model (model=demo)
+    python scripts/shape_walk.py                          # the Llama-style block (model=demo)
     python scripts/shape_walk.py model=modern seq_len=16  # RoPE, RMSNorm, SwiGLU, grouped-query attention
     python scripts/shape_walk.py checkpoint=outputs/train/<date>/<time>
 

@@ -83,7 +83,7 @@ ROWS = {
         "Dropout", "dropout (0.1 here, GPT-2's rate) makes the model spread what it knows over its units, "
         "which keeps it from memorising a small training set; a run that sees each token about once has "
         "nothing to memorise, so here it can only slow learning.", ("train",)),
-    # what helps: the techniques of record-setting small-GPT runs (docs/tricks.md: on the default run)
+    # what helps: the techniques of record-setting small-GPT runs (docs/tricks.md measures them)
     "qk_norm": Row(
         "QK-norm", "(record-setting small-GPT runs) normalising queries and keys bounds every score, so "
         "attention cannot saturate however large the weights grow, and a high learning rate stays stable.",

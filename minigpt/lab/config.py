@@ -183,7 +183,7 @@ class CompareConfig:
     verdict (mode=quality), the same-losses-then-speed gate (mode=speed), or the sequential test's simulated
     error rate and power (mode=simulate)."""
 
-    # overrides of scripts/train.py; the default: the default run at the speedrun's FLOPs budget
+    # overrides of scripts/train.py; the default: the speedrun's baseline (model=demo optim=muon)
     baseline: list[str] = field(default_factory=lambda: ["experiment=speedrun/default"])
     candidate: list[str] = field(default_factory=list)
     budget: list[str] = field(default_factory=list)  # overrides after each arm's; empty: the arms' own budget

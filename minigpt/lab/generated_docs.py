@@ -21,7 +21,7 @@ from minigpt.errors import UserError
 
 # docs file -> (tool, arguments), run from the project's root
 DOCS = {
-    # the default model (the demo block), 20 tokens (not 16: D/2 = 16 would read as T)
+    # the Llama-style block (model=demo), 20 tokens (not 16: D/2 = 16 would read as T)
     "docs/shape_walk.txt": ("shape_walk", ["seq_len=20"]),
     # a textbook-sized example: batch 4, 8 tokens, 512 wide, 16 heads of 32, the original
     # Transformer's block (model=seed: sinusoidal positions, post-norm, ReLU), one layer

@@ -54,7 +54,7 @@ def reference_views(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 def fit(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The reference's tensor `t` in the shape of minigpt's `like`: its vocabulary rows padded to a multiple
-    of 64 cut back (the token table, the head, the value-embedding tables), a (1,) scalar as a () one."""
+    of 64 cut back (the token table, the head, the value-embedding tables), a scalar in minigpt's shape."""
     if t.dim() == 2 and t.shape[0] > like.shape[0] and t.shape[1:] == like.shape[1:]:
         t = t[: like.shape[0]]
     return t.reshape(like.shape) if t.numel() == like.numel() else t

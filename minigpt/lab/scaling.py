@@ -1,6 +1,6 @@
 """The scaling ladder: IsoFLOP profiles, a fit of L(N, D), a prediction at a larger budget, then its run.
 
-`make scaling` (scripts/scaling.py) trains the default run's block (`configs/experiment/scaling/w*.yaml`: the
+`make scaling` (scripts/scaling.py) trains the Llama-style block (`configs/experiment/scaling/w*.yaml`: the
 demo model at several widths, heads of 16) at a few budgets of model FLOPs (`trainer.max_flops`), several
 widths at each, every point with `seeds` seeds: an IsoFLOP profile per budget, the loss against the model
 size at equal compute, whose minimum is the compute-optimal size for that budget. Every run is scored on the
@@ -222,8 +222,8 @@ def run_ladder(points: list[Point], seeds: list[int], out: Path, score, *, train
 
 
 def default_run_shape(run: Path) -> dict:
-    """The default run (`make train`: TrainConfig's defaults) with the tokenizer of the ladder's run `run`:
-    its non-embedding parameters and training tokens."""
+    """The Llama-style run (TrainConfig's defaults: `model=demo optim=muon`, `make train`'s run before the
+    recipe) with the tokenizer of the ladder's run `run`: its non-embedding parameters and training tokens."""
     import torch
 
     from minigpt.checkpoint.format import read_meta
@@ -232,7 +232,7 @@ def default_run_shape(run: Path) -> dict:
 
     cfg = TrainConfig()
     if cfg.trainer.max_steps is None:
-        raise UserError("the default run has no step budget; its tokens per parameter cannot be stated")
+        raise UserError("TrainConfig's defaults have no step budget: no tokens per parameter to state")
     vocab = read_meta(run / "checkpoints" / "last")["model_config"]["vocab_size"]
     with torch.device("meta"):  # shapes only: no memory, no time
         model = build_model(cfg.model, vocab_size=vocab)

@@ -50,8 +50,8 @@ def optimum(law: LossLaw, fits, flops: float) -> dict:
 
 
 def build_report(ladder: Ladder, default_run: dict) -> dict:
-    """Everything the report shows, as plain data (scaling.json). `default_run`: the default run's
-    `params` and `tokens`."""
+    """Everything the report shows, as plain data (scaling.json). `default_run`: the Llama-style run's
+    (TrainConfig's defaults) `params` and `tokens`."""
     state, law, fits = ladder.state, ladder.law, ladder.fits
     fitted, held = records(state, held_out=False), records(state, held_out=True)
     names = ("E", "A", "alpha", "B", "beta")
@@ -85,7 +85,7 @@ def _law(report: dict) -> LossLaw:
 def scaling_figure(report: dict) -> Figure:
     """Left: the IsoFLOP profiles (val loss against N, one colour per budget; the seeds' range as bars), the
     fit along each, the held-out points with their prediction intervals. Right: the compute-optimal tokens
-    per parameter against compute, with its bootstrap interval, Chinchilla's 20 and the default run."""
+    per parameter against compute, with its bootstrap interval, Chinchilla's 20 and the Llama-style run."""
     law = _law(report)
     fig = new_figure(13, 5.5)
     ax, ax_opt = fig.subplots(1, 2)
@@ -117,7 +117,7 @@ def scaling_figure(report: dict) -> Figure:
     ax_opt.axhspan(*SMALL_MODELS, color="gray", alpha=0.1, label="recent small models: 8-12")
     d = report["default_run"]
     ax_opt.plot([d["optimal"]["flops"]], [d["tokens_per_param"]], "*", ms=13, color="C3",
-                label=f"the default run: {d['tokens_per_param']:.2g} tokens per parameter")
+                label=f"the Llama-style run: {d['tokens_per_param']:.2g} tokens per parameter")
     ax_opt.set(xscale="log", yscale="log", xlabel="compute C = 6 N D", ylabel="compute-optimal tokens per "
                "parameter", title="compute-optimal D / N")
     ax_opt.legend(fontsize=8)
@@ -167,11 +167,12 @@ def render_block(report: dict, figure: str) -> str:
               "|---|---|---|---|"]
     d = report["default_run"]
     for o in [*report["optimal"], d["optimal"]]:
-        name = " (the default run's)" if o is d["optimal"] else ""
+        name = " (the Llama-style run's)" if o is d["optimal"] else ""
         lines.append(f"| {o['flops']:.3g}{name} | {o['params']:,.0f} | {o['tokens']:,.0f} | "
                      f"{o['tokens_per_param']:.3g} ({_interval(o['interval'])}) |")
     opt, ratio = d["optimal"]["tokens_per_param"], d["tokens_per_param"]
-    lines += ["", f"The default run trains {d['tokens']:,.0f} tokens on N = {d['params']:,}: {ratio:.2g} "
+    lines += ["", f"The Llama-style run (`model=demo optim=muon`) trains {d['tokens']:,.0f} tokens on "
+              f"N = {d['params']:,}: {ratio:.2g} "
               f"tokens per parameter, {opt / ratio:.2g}x fewer than the fit's compute-optimal {opt:.3g} "
               f"({_interval(d['optimal']['interval'])}) at its compute (Chinchilla: ~{CHINCHILLA:g}; recent "
               f"small-model work: {SMALL_MODELS[0]:g}-{SMALL_MODELS[1]:g})."]

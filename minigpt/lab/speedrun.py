@@ -1,13 +1,13 @@
 """The CPU speedrun: which config learns the most for the same compute, and is the difference real?
 
-`make speedrun SEEDS=3` trains every config of `configs/experiment/speedrun/` (the default run first: the
-baseline) with seeds 1337, 1338, ... as one Hydra multirun of `scripts/train.py`, every job with the same
-budget of model FLOPs (`trainer.max_flops`, set in `speedrun/default.yaml`). FLOPs are counted, not timed, so
-a busy machine changes how long the sweep takes, not what it measures. `scripts/speedrun.py sweep=<folder>`
-then scores every job on the whole val split and writes one row per run (`runs.RunRecord`) into the sweep's
-speedrun.json and speedrun.md; with `docs=true` it also merges the rows into docs/speedrun.json and rewrites
-the table in docs/speedrun.md between two markers. The table is never typed: a test checks that the doc
-shows what the JSON renders to.
+`make speedrun SEEDS=3` trains every config of `configs/experiment/speedrun/` (`default`, the Llama-style
+run, first: the baseline) with seeds 1337, 1338, ... as one Hydra multirun of `scripts/train.py`, every job
+with the same budget of model FLOPs (`trainer.max_flops`, set in `speedrun/default.yaml`). FLOPs are counted,
+not timed, so a busy machine changes how long the sweep takes, not what it measures.
+`scripts/speedrun.py sweep=<folder>` then scores every job on the whole val split and writes one row per run
+(`runs.RunRecord`) into the sweep's speedrun.json and speedrun.md; with `docs=true` it also merges the rows
+into docs/speedrun.json and rewrites the table in docs/speedrun.md between two markers. The table is never
+typed: a test checks that the doc shows what the JSON renders to.
 
 Each line of the table is one config over its seeds: the mean ± a 95% interval of val loss and bits per byte,
 and the paired comparison with the baseline config (same seeds: the same batches in the same order) with

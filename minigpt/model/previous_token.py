@@ -42,13 +42,14 @@ def previous_tokens(idx: torch.Tensor, first: torch.Tensor | None,
 class Smear(nn.Module):
     """x (B, T, C), x_prev (B, T, C) (zeros where there is no previous token) -> (B, T, C).
 
-    Parameters: gate (`channels` of C -> 1, no bias), lam (a scalar, 0 at init)."""
+    Parameters: gate (`channels` of C -> 1, no bias), lam (one number, 0 at init;
+    shape (1,), not (), as FSDP2 shards no 0-dimensional parameter)."""
 
     def __init__(self, n_embd: int, channels: int = 0) -> None:
         super().__init__()
         self.channels = channels or n_embd  # the gate reads x's first `channels` channels
         self.gate = nn.Linear(self.channels, 1, bias=False)
-        self.lam = nn.Parameter(torch.zeros(()))
+        self.lam = nn.Parameter(torch.zeros(1))
 
     def forward(self, x: torch.Tensor, x_prev: torch.Tensor) -> torch.Tensor:
         gate = torch.sigmoid(self.gate(x[..., :self.channels]))  # (B, T, 1), broadcasts over C

@@ -31,7 +31,7 @@ class ResidualScalars(nn.Module):
             self.resid = nn.Parameter(torch.ones(n_layer))
             self.x0 = nn.Parameter(torch.zeros(n_layer))
         if backout:
-            self.backout = nn.Parameter(torch.zeros(()))
+            self.backout = nn.Parameter(torch.zeros(1))  # (1,): FSDP2 shards no 0-d parameter
         self.mix, self.mid_layer = mix, n_layer // 2
 
     def block_input(self, i: int, x: torch.Tensor, x0: torch.Tensor) -> torch.Tensor:

@@ -283,9 +283,22 @@ class LoggingConfig:
             raise UserError(f"logging.sample_temperature={self.sample_temperature} must be >= 0")
 
 
+def default_run_model() -> ModelConfig:
+    """The default run's model, `model=recipe` (configs/model/recipe.yaml, which a test keeps equal to this):
+    ModelConfig's plain block with the reference recipe's techniques switched on (docs/tricks.md)."""
+    return ModelConfig(
+        n_kv_head=None, activation="relu2", rope_base=100_000.0, init="fan_in", qk_norm=True, qk_scale=1.2,
+        value_embeds=True, value_embed_every=2, ve_gate_max=3.0, ve_gate_channels=12, smear=True,
+        smear_gate_channels=24, norm_gain=False, embed_norm=True, residual_scalars=True, backout=True,
+        logit_softcap=15.0,
+    )
+
+
 @dataclass
 class TrainConfig:
-    """Root of `configs/train.yaml`."""
+    """Root of `configs/train.yaml`. Its defaults are the plain block every preset is a difference from
+    (`model=demo optim=muon`); the default run, train.yaml's defaults list, picks `model=recipe
+    optim=recipe`."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

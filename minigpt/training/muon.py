@@ -32,9 +32,10 @@ orthogonalising across rows means nothing), the output head (its rows are per-to
 embedding's), the norms' gains, biases and the little gates are trained by AdamW (torch's own functional
 implementation, fused), as in every Muon recipe. `build_optimizer` (optim.py) makes the split.
 
-Under DDP or FSDP2 each matrix is orthogonalised by one rank only, from the whole momentum, and the result
-sent to the others (minigpt/cluster/whole_matrices.py); the momentum and the update are elementwise and stay
-here, applied by every rank to the rows it holds.
+Under DDP or FSDP2 each matrix's f · O (split, orthogonalised, normalised, as in one process) is computed by
+one rank only, from the whole momentum, and sent to the others (minigpt/cluster/whole_matrices.py) with the
+second moments V it updated, so that every rank holds the same V; the momentum and the decayed step are
+elementwise and stay here, applied by every rank to the rows it holds.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim.adamw import adamw
 
 from minigpt.cluster.distributed import local_tensor
-from minigpt.cluster.whole_matrices import on_owners
+from minigpt.cluster.whole_matrices import my_rows, on_owners
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Jordan et al.: the largest slope at 0 that still converges
 NS_EPS = 1e-7  # keeps a zero gradient (a parameter that got none) from dividing by zero
@@ -115,6 +116,11 @@ def normalize_neurons(update: torch.Tensor, second_moment: torch.Tensor, beta2: 
     return (scaled * (update.norm() / scaled.norm().clamp_min(NS_EPS))).to(update.dtype)
 
 
+def _factor(rows: int, cols: int) -> float:
+    """f = sqrt(max(1, out / in)): tall blocks get larger entries, the per-entry step of a square one."""
+    return math.sqrt(max(1.0, rows / cols))
+
+
 def newton_schulz_flops(shape: tuple[int, int]) -> int:
     """FLOPs of one Newton-Schulz iteration on an (m, n) matrix: with r = min(m, n), k = max(m, n),
     X Xᵀ (2 r² k), its square (2 r³) and the product with X (2 r² k), as `orthogonalize` computes them."""
@@ -133,8 +139,7 @@ class MuonAdamW(torch.optim.Optimizer):
     parameter, so checkpoints save and restore it like any optimizer's.
 
     `over_ranks` (DDP or FSDP2) shares the orthogonalisations out, each matrix to one rank (`on_owners`);
-    False in one process, where every matrix is orthogonalised here. Over ranks the matrices are plain ones
-    (Newton-Schulz, no beta2, no splits, plain decay: `build_muon` refuses the rest).
+    False in one process, where every matrix is orthogonalised here. Both compute the same step.
     """
 
     def __init__(self, groups: list[dict], over_ranks: bool = False) -> None:
@@ -165,7 +170,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def _muon_step(self, group: dict, params: list[torch.Tensor]) -> None:
         """Under FSDP2 `local_tensor` is the rows this rank holds (of the weight, its gradient, its momentum,
         all sharded alike), and `p.shape` the whole matrix's."""
-        lr, mu = group["lr"], group["momentum"]
+        mu = group["momentum"]
         nesterovs = []
         for p in params:
             state = self.state[p]
@@ -174,40 +179,60 @@ class MuonAdamW(torch.optim.Optimizer):
             m, grad = local_tensor(state["momentum_buffer"]), local_tensor(p.grad)
             m.lerp_(grad, 1 - mu)  # M <- μ M + (1 - μ) G
             nesterovs.append(grad.lerp(m, mu))  # G + μ (M - G)
-        steps = group["ns_steps"]
-        if self.over_ranks:  # plain matrices only (build_muon)
-            costs = [steps * newton_schulz_flops((p.shape[0], p.shape[1])) for p in params]
-            updates = on_owners(partial(orthogonalize, steps=steps), params, nesterovs, costs)
-            for p, update in zip(params, updates, strict=True):
-                w = local_tensor(p)
-                w.mul_(1 - lr * group["weight_decay"])
-                w.add_(update, alpha=-lr * math.sqrt(max(1.0, p.shape[0] / p.shape[1])))
-            return
-        for p, nesterov in zip(params, nesterovs, strict=True):
-            updates, factors = [], []
-            for i, block in enumerate(nesterov.split(group["splits"] or [p.shape[0]])):  # row blocks
-                factor = math.sqrt(max(1.0, block.shape[0] / block.shape[1]))  # tall blocks: larger entries
-                updates.append(self._block_update(block, self.state[p], i, group) * factor)
-                factors.append(torch.full((block.shape[0], 1), factor, device=p.device, dtype=p.dtype))
-            update = torch.cat(updates)  # (m, n)
-            if group["cautious"]:  # decay only where the update already moves the entry towards 0, at its lr
-                p.sub_(p * torch.cat(factors) * (update * p >= 0), alpha=lr * group["weight_decay"])
-            else:
-                p.mul_(1 - lr * group["weight_decay"])
-            p.add_(update, alpha=-lr)
+        if self.over_ranks:
+            moments = [self._second_moments(p, group) for p in params]  # every rank's, to receive the owner's
+            steps = group["ns_steps"]
+            costs = [steps * sum(newton_schulz_flops((r, p.shape[1])) for r in self._rows(p, group))
+                     for p in params]
+            fn = partial(self._matrix_update, params, group)  # (i, X) -> matrix i's update, with X whole
+            updates = on_owners(fn, params, nesterovs, costs, states=moments)
+        else:
+            updates = [self._matrix_update(params, group, i, n) for i, n in enumerate(nesterovs)]
+        for p, update in zip(params, updates, strict=True):
+            self._apply(p, update, group)
 
-    def _block_update(self, block: torch.Tensor, state: dict, i: int, group: dict) -> torch.Tensor:
-        """(r, n) rows of the Nesterov momentum -> (r, n): orthogonalised, with `normalize_neurons` where
-        beta2 is set (a running second moment per block: `second_moment`, or `second_moment.i` when split)."""
+    def _apply(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
+        """W <- W - lr (decay + update) on this rank's rows of `p`; `update` (its rows, n) holds f already."""
+        w, lr, decay = local_tensor(p), group["lr"], group["weight_decay"]
+        if group["cautious"]:  # decay only where the update already moves the entry towards 0, at its lr
+            f = torch.cat([torch.full((r, 1), _factor(r, p.shape[1]), dtype=w.dtype, device=w.device)
+                           for r in self._rows(p, group)])  # (m, 1)
+            w.sub_(w * my_rows(f, p) * (update * w >= 0), alpha=lr * decay)
+        else:
+            w.mul_(1 - lr * decay)
+        w.add_(update, alpha=-lr)
+
+    @staticmethod
+    def _rows(p: torch.Tensor, group: dict) -> list[int]:
+        """The rows of each block `p` is orthogonalised in: its `splits`, or all of them at once."""
+        return group["splits"] or [p.shape[0]]
+
+    def _matrix_update(self, params: list[torch.Tensor], group: dict, i: int, nesterov: torch.Tensor
+                       ) -> torch.Tensor:
+        """(m, n) whole Nesterov momentum of params[i] -> (m, n) update: each row block's, times its f."""
+        p, blocks = params[i], nesterov.split(self._rows(params[i], group))
+        moments = self._second_moments(p, group) or [None] * len(blocks)
+        return torch.cat([self._block_update(block, moment, group) * _factor(*block.shape)
+                          for block, moment in zip(blocks, moments, strict=True)])
+
+    def _second_moments(self, p: torch.Tensor, group: dict) -> list[torch.Tensor]:
+        """`p`'s second moments V where beta2 is set, one per row block (`second_moment`, or `second_moment.j`
+        when split), zeros at first: (r, 1), or (1, n) for a wide block."""
+        if group["beta2"] is None:
+            return []
+        rows, n = self._rows(p, group), p.shape[1]
+        keys = [f"second_moment.{j}" for j in range(len(rows))] if group["splits"] else ["second_moment"]
+        for key, r in zip(keys, rows, strict=True):
+            if key not in self.state[p]:
+                self.state[p][key] = torch.zeros((r, 1) if r >= n else (1, n), device=p.device)
+        return [self.state[p][key] for key in keys]
+
+    def _block_update(self, block: torch.Tensor, moment: torch.Tensor | None, group: dict) -> torch.Tensor:
+        """(r, n) rows of the Nesterov momentum -> (r, n): orthogonalised, with `normalize_neurons` by the
+        block's second moment where there is one."""
         orth = polar_express if group["orthogonalize"] == "polar_express" else orthogonalize
         update = orth(block, group["ns_steps"])
-        if group["beta2"] is not None:
-            key = "second_moment" if not group["splits"] else f"second_moment.{i}"
-            if key not in state:
-                long_side = (block.shape[0], 1) if block.shape[0] >= block.shape[1] else (1, block.shape[1])
-                state[key] = torch.zeros(long_side, device=block.device)
-            update = normalize_neurons(update, state[key], group["beta2"])
-        return update
+        return update if moment is None else normalize_neurons(update, moment, group["beta2"])
 
     def _adamw_step(self, group: dict, params: list[torch.Tensor]) -> None:
         device = params[0].device

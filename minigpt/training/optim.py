@@ -17,7 +17,6 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from minigpt.cluster.whole_matrices import communication_bytes
-from minigpt.errors import UserError
 from minigpt.model.attention import CausalSelfAttention
 from minigpt.model.residual_scalars import ResidualScalars
 from minigpt.training.budget import Budget
@@ -130,7 +129,7 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
 def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonAdamW:
     """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
     the embedding tables at optim.embed_lr when it is set). With several processes (`world_size`: DDP, or
-    FSDP2's shards) each matrix is orthogonalised by one rank (minigpt/cluster/whole_matrices.py).
+    FSDP2's shards) each matrix's update is computed by one rank (minigpt/cluster/whole_matrices.py).
 
     Each group's `lr_scale` is its peak lr over optim.lr, so `LRSchedule` moves both along one curve."""
     matrices = muon_matrices(model)
@@ -155,16 +154,11 @@ def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonA
                                                         for g in adam_groups if g["params"]]
     if world_size == 1 or not matrices:
         return MuonAdamW(groups)
-    recipe = {"muon_beta2": cfg.muon_beta2 is not None, "muon_split_qkv": cfg.muon_split_qkv,
-              "cautious_weight_decay": cfg.cautious_weight_decay,
-              "muon_orthogonalize": cfg.muon_orthogonalize != "newton_schulz"}
-    for key, on in recipe.items():
-        if on:
-            raise UserError(f"optim.{key}={getattr(cfg, key)} runs in one process only for now (Muon over "
-                            f"ranks orthogonalises plain matrices): train with one process, or set it back")
     sharded = any(isinstance(p, DTensor) for p in matrices)
+    moments = 0 if cfg.muon_beta2 is None else sum(  # NorMuon's: the long side of each block, float32
+        max(r, p.shape[1]) for p in matrices for r in splits.get(id(p), (p.shape[0],)))
     sent = communication_bytes([(p.shape[0], p.shape[1]) for p in matrices], world_size, sharded,
-                               matrices[0].element_size())
+                               matrices[0].element_size(), state_bytes=4 * moments)
     route = "its FSDP2 rows gathered there and scattered back" if sharded else "then broadcast"
     log.info("Muon over %d ranks: each matrix orthogonalised by one of them (%s), %s bytes per step",
              world_size, route, f"{sent:,}")

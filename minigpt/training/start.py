@@ -28,9 +28,9 @@ writes is an ordinary one: `trainer.resume=auto` continues it. Model keys of the
                                 block_size rows of wpe are kept; rope and sinusoidal tables are rebuilt)
     anything else               the source's; setting one to another value is refused, naming the key
 
-"Set" means a value other than the default run's model (`TrainConfig().model`: what the composed `model`
-group holds when you give no model override): the config cannot tell a default from a value typed equal to
-it, so `model.block_size=128` (the default) reads as not set.
+"Set" means a value other than both presets a command starts from: the default run's model (`model=recipe`,
+`default_run_model()`) and the plain block (`model=demo`, `TrainConfig().model`). The config cannot tell a
+default from a value typed equal to it, so `model.block_size=128` (both presets') reads as not set.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.model.gpt import GPT
 from minigpt.training.budget import format_duration
-from minigpt.training.config import TrainConfig
+from minigpt.training.config import TrainConfig, default_run_model
 from minigpt.training.seeding import set_rng_state
 
 log = logging.getLogger(__name__)
@@ -165,10 +165,11 @@ class InitFrom:
 
     def model_config(self, run: ModelConfig) -> ModelConfig:
         """The run's model config: the source's, with the keys a fine-tuning run may change (module doc)."""
-        default, changes = TrainConfig().model, {name: getattr(run, name) for name in RUN_KEYS}
+        presets = (default_run_model(), TrainConfig().model)
+        changes = {name: getattr(run, name) for name in RUN_KEYS}
         for field in dataclasses.fields(ModelConfig):
             name, mine, theirs = field.name, getattr(run, field.name), getattr(self.config, field.name)
-            if name in RUN_KEYS or mine == getattr(default, name) or mine == theirs:
+            if name in RUN_KEYS or mine == theirs or any(mine == getattr(p, name) for p in presets):
                 continue
             if name not in SHRINKABLE:
                 raise UserError(

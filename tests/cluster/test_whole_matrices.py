@@ -1,13 +1,15 @@
 """cluster/whole_matrices.py: a function of whole matrices computed by one owner rank each, on 2 gloo ranks.
 
-The training test (test_whole_matrices.py) meets only matrices whose rows split evenly over two ranks; here
+The training test (test_muon_distributed.py) meets only matrices whose rows split evenly over two ranks; here
 FSDP2-style row shards of odd heights, down to a rank holding no row, go through `on_owners` and come back as
-exactly the rows of the function computed on the whole matrix in one process.
+exactly the rows of the function computed on the whole matrix in one process (`my_rows` names the same rows),
+and a state that only the owner updates comes back the same on both ranks.
 """
 
 from __future__ import annotations
 
 import os
+from functools import partial
 
 import pytest
 import torch
@@ -27,6 +29,12 @@ def _mixing(x: torch.Tensor) -> torch.Tensor:
     return x @ (x.t() @ x)
 
 
+def _mixing_and_summing(sums: list[torch.Tensor], i: int, x: torch.Tensor) -> torch.Tensor:
+    """`_mixing` of matrix i, adding its sum to sums[i] (computed on its owner only)."""
+    sums[i] += x.sum()
+    return _mixing(x)
+
+
 def _worker(rank: int, port: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
@@ -39,14 +47,19 @@ def _worker(rank: int, port: int) -> None:
         costs = [newton_schulz_flops(s) for s in SHAPES]
         mesh = init_device_mesh("cpu", (2,))
         shards = [distribute_tensor(w, mesh, [Shard(0)]) for w in wholes]
-        got = whole_matrices.on_owners(_mixing, shards, [s.to_local() for s in shards], costs)
-        for whole, mine in zip(wholes, got, strict=True):
-            rows = torch.chunk(_mixing(whole), 2)  # FSDP2's split: ceil(m / 2) rows first
-            want = rows[rank] if rank < len(rows) else whole[:0]
-            assert torch.equal(mine, want), (rank, whole.shape)
-        got = whole_matrices.on_owners(_mixing, wholes, wholes, costs)  # DDP: every rank holds all
-        for whole, result in zip(wholes, got, strict=True):
-            assert torch.equal(result, _mixing(whole)), (rank, whole.shape)
+        for params, parts in ((shards, [s.to_local() for s in shards]), (wholes, wholes)):  # FSDP2, DDP
+            sums = [torch.zeros(1) for _ in SHAPES]  # a state of each matrix, that only its owner updates
+            got = whole_matrices.on_owners(partial(_mixing_and_summing, sums), params, parts, costs,
+                                           states=[[s] for s in sums])
+            for whole, param, mine, total in zip(wholes, params, got, sums, strict=True):
+                if param is whole:
+                    want = _mixing(whole)
+                else:
+                    rows = torch.chunk(_mixing(whole), 2)  # FSDP2's split: ceil(m / 2) rows first
+                    want = rows[rank] if rank < len(rows) else whole[:0]
+                assert torch.equal(mine, want), (rank, whole.shape)
+                assert torch.equal(whole_matrices.my_rows(_mixing(whole), param), want), (rank, whole.shape)
+                torch.testing.assert_close(total, whole.sum().reshape(1))  # the owner's, on both ranks
 
 
 @pytest.mark.slow

@@ -29,7 +29,7 @@ RESULT = {
 
 def test_the_table_gives_tokens_per_s_threads_and_what_each_setting_keeps() -> None:
     lines = format_busy(RESULT)
-    assert lines[0].startswith("Training beside a busy loop (the default model: 4 layers x 96 wide")
+    assert lines[0].startswith("Training beside a busy loop (the Llama-style model, `model=demo`: 4 layers")
     measured = next(line for line in lines if line.startswith("| measured"))
     fixed = next(line for line in lines if line.startswith("| fixed: one per core (2)"))
     assert "11,000 [2]" in measured and "7,700 [1]" in measured and "0.70x" in measured

@@ -200,15 +200,15 @@ def test_the_doc_block_is_what_the_script_renders_from_the_documented_ladder():
     assert all(p["seeds"] >= 2 for p in report["points"]) and report["check"]
 
 
-def test_every_size_of_the_ladder_is_the_default_block_at_one_width():
+def test_every_size_of_the_ladder_is_the_llama_style_block_at_one_width():
     sizes = sorted(p.stem for p in (CONFIG_DIR / "experiment" / "scaling").glob("w*.yaml"))
-    default = to_object(compose_train(), TrainConfig).model
+    default = to_object(compose_train(["model=demo"]), TrainConfig).model
     for name in sizes:
         cfg = to_object(compose_train([f"experiment=scaling/{name}", "trainer.max_flops=1e12"]), TrainConfig)
         assert cfg.run_name == name and cfg.trainer.max_steps is None
         assert cfg.model.n_embd == int(name[1:]) and cfg.model.head_dim == 16
         changed = {k for k, v in vars(cfg.model).items() if getattr(default, k) != v}
-        assert changed <= {"n_embd", "n_head"}, name  # the default block otherwise
+        assert changed <= {"n_embd", "n_head"}, name  # model=demo otherwise
 
 
 @pytest.mark.slow

@@ -72,8 +72,9 @@ def test_nonsense_values_and_combinations_are_one_line_user_errors(overrides, fi
 
 
 def test_switches_compose_through_hydra_and_a_bad_one_stops_the_cli_in_one_line(tmp_path, corpus_dir, capsys):
-    cfg = to_object(compose_train(["model.causal=false", "model.attn_scale=none", "model.residual=false",
-                                   "model.final_norm=false", "model.pos_encoding=integer"]), TrainConfig)
+    switches = ["model.causal=false", "model.attn_scale=none", "model.residual=false",
+                "model.final_norm=false", "model.pos_encoding=integer"]
+    cfg = to_object(compose_train(["model=demo", *switches]), TrainConfig)
     assert (cfg.model.causal, cfg.model.attn_scale, cfg.model.residual, cfg.model.final_norm,
             cfg.model.pos_encoding) == (False, "none", False, False, "integer")
     run = run_script("train", [*fast_overrides(tmp_path, corpus_dir), "model.attn_scale=half",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -12,8 +13,9 @@ from minigpt.cli import to_object
 from minigpt.config import SCHEMAS, register_configs
 from minigpt.data.tokenizers import ByteTokenizer, CharTokenizer
 from minigpt.errors import UserError
+from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
-from minigpt.training.config import TrainConfig
+from minigpt.training.config import OptimConfig, TrainConfig, default_run_model
 
 
 def _options(group: str) -> list[str]:
@@ -126,10 +128,14 @@ def test_run_folder_name(run_name: str | None, suffix: str):
     assert cfg.hydra.sweep.dir.startswith("outputs/train/multirun/") and cfg.hydra.job.chdir is False
 
 
-def test_the_dataclass_defaults_are_what_the_default_run_composes():
-    """One source of defaults: `train(TrainConfig(), ...)` from Python trains the very run `make train` runs,
-    so the YAML of each default option may restate a dataclass default but never differ from it."""
-    assert to_object(compose_train(), TrainConfig) == TrainConfig()
+def test_the_dataclass_defaults_are_the_plain_presets():
+    """One source of defaults: `train(TrainConfig(), ...)` from Python trains what `make train
+    ARGS="model=demo optim=muon"` runs, so the YAML of a plain option may restate a dataclass default but
+    never differ from it; the default run differs from it in its model and optimizer only."""
+    assert to_object(compose_train(["model=demo", "optim=muon"]), TrainConfig) == TrainConfig()
+    default = to_object(compose_train(), TrainConfig)
+    assert default.model == default_run_model()  # what fine-tuning reads as "not set" (training/start.py)
+    assert dataclasses.replace(default, model=ModelConfig(), optim=OptimConfig()) == TrainConfig()
 
 
 @pytest.mark.parametrize("name, schema", [(n, s) for n, s in SCHEMAS.items() if n != "train_schema"])
@@ -138,8 +144,13 @@ def test_every_tool_config_composes_to_its_dataclass_defaults(name: str, schema:
 
     register_configs()
     with initialize_config_dir(version_base="1.3", config_dir=str(CONFIG_DIR)):
-        composed = compose(config_name=name.removesuffix("_schema"))
-    assert to_object(composed, schema) == schema()
+        composed = to_object(compose(config_name=name.removesuffix("_schema")), schema)
+    arm = getattr(composed, "minigpt", None)
+    if isinstance(arm, TrainConfig):  # a tool that trains the default run holds the plain presets' defaults
+        assert arm.model == to_object(compose_train(), TrainConfig).model
+        composed = dataclasses.replace(composed, minigpt=dataclasses.replace(arm, model=ModelConfig(),
+                                                                             optim=OptimConfig()))
+    assert composed == schema()
 
 
 def test_the_model_presets_of_the_defaults_are_the_dataclass_and_the_test_helper():

@@ -184,7 +184,18 @@ def _file_size_limit(world: Path, tmp_path: Path, monkeypatch):
         yield
 
 
+@contextlib.contextmanager
+def _llama_style_run(world: Path, tmp_path: Path, monkeypatch):
+    """A finished 2-step run of the Llama-style block in the test's folder: the default model soft-caps its
+    logits, so no learning rate makes its loss reach 10x its best."""
+    made = run_script("train", [*_train_args(world), "model=demo", "optim=muon", "trainer.max_steps=2",
+                                "logging.sample_tokens=0", f"hydra.run.dir={tmp_path / 'run'}"], None)
+    assert made.code == 0
+    yield
+
+
 SETUPS = {
+    "train-resumed-run-diverges": _llama_style_run,
     "train-sweep-without-submitit": _no_submitit_plugin,
     "train-run-dir-in-use": _another_process_holds_the_run,
     "train-disk-full": _disk_full,
@@ -234,7 +245,8 @@ CASES = {
     "train-run-dir-not-writable": (T, ["TRAIN", "hydra.run.dir={w}/a_file/run"], "a_file"),
     "train-run-dir-in-use": (T, ["TRAIN", "hydra.run.dir={w}/run", "trainer.resume=auto"], "PID"),
     "train-disk-full": (T, ["TRAIN"], "No space left on device"),
-    "train-nonfinite-loss": (T, ["TRAIN", "optim.lr=1e30", "optim.warmup_steps=0", "logging.log_every=1"],
+    "train-nonfinite-loss": (T, ["TRAIN", "optim.muon_lr=1e30", "optim.warmup_steps=0",
+                                 "logging.log_every=1"],
                              "non-finite"),
     "train-sweep-without-submitit": (T, ["-m", "hydra/launcher=slurm", "trainer.max_steps=1,2",
                                          "hydra.sweep.dir={w}/sweep"], "pip install -e '.[cluster]'"),
@@ -288,10 +300,12 @@ CASES = {
     "train-resume-corpus-changed": (T, ["TRAIN", "trainer.resume={w}/run"], "the corpus changed since"),
     "train-resume-diverged-checkpoint": (T, ["TRAIN", "trainer.resume={w}/diverged"],
                                          "holds non-finite weights"),
-    "train-loss-explodes": (T, ["TRAIN", "optim.lr=30", "optim.warmup_steps=0"],
+    # the default model soft-caps its logits (its loss stays under 10x its best); the Llama-style one explodes
+    "train-loss-explodes": (T, ["TRAIN", "model=demo", "optim=muon", "optim.lr=30",
+                                "optim.warmup_steps=0"],
                             "no checkpoint had been written yet"),
-    "train-resumed-run-diverges": (T, ["TRAIN", "trainer.resume={w}/run", "optim.lr=1e3",
-                                       "trainer.max_steps=40", "trainer.ckpt_every=2"],
+    "train-resumed-run-diverges": (T, ["TRAIN", "model=demo", "optim=muon", "trainer.resume={t}/run",
+                                       "optim.lr=1e3", "trainer.max_steps=40", "trainer.ckpt_every=2"],
                                    "checkpoints/last (step 2)"),
     "train-divergence-ratio": (T, ["TRAIN", "trainer.divergence_ratio=1"], "trainer.divergence_ratio=1"),
     # ---- the smaller ones

@@ -5,6 +5,7 @@ orthogonalised apart, and the AdamW groups with their own lr, betas, eps and wei
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import pytest
@@ -232,8 +233,16 @@ def test_the_groups_get_their_own_lr_betas_eps_and_a_constant_weight_decay():
     assert groups["muon"]["weight_decay"] == pytest.approx(0.14)  # the scheduled decay: cos² at half way
 
 
-def test_the_recipe_options_of_muon_are_refused_over_ranks_in_one_line():
-    with pytest.raises(UserError) as err:
-        build_optimizer(_model(), OptimConfig(muon_beta2=0.9), world_size=2)
-    message = str(err.value)
-    assert message.startswith("optim.muon_beta2=0.9 runs in one process only") and "\n" not in message
+def test_the_recipe_builds_over_ranks_and_counts_its_second_moments_among_the_bytes(caplog):
+    """The recipe's Muon over 2 DDP ranks (whole matrices: building needs no process group) shares its work
+    out, and the bytes it logs per step count NorMuon's second moments, the long side of each row block."""
+    cfg = OptimConfig(muon_beta2=0.9, muon_split_qkv=True, muon_orthogonalize="polar_express",
+                      weight_decay=0.28, cautious_weight_decay=True)
+    with caplog.at_level(logging.INFO, logger="minigpt.training.optim"):
+        opt = build_optimizer(_model(n_kv_head=1), cfg, world_size=2)
+    assert opt.over_ranks
+    # a layer (32 wide, q of 2 heads of 16, one k/v head, FFN 128): qkv (64, 32) as (32, 32), (16, 32) and
+    # (16, 32), out (32, 32), up (128, 32), down (32, 128); the other rank receives every update once
+    updates = 2 * (64 * 32 + 32 * 32 + 128 * 32 + 32 * 128)  # 2 layers
+    moments = 2 * (32 + 32 + 32 + 32 + 128 + 128)  # (32, 1), (1, 32), (1, 32), (32, 1), (128, 1), (1, 128)
+    assert f"{4 * (updates + moments):,} bytes per step" in caplog.text

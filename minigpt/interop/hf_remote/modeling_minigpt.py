@@ -117,7 +117,7 @@ class Smear(nn.Module):
     def __init__(self, config: MiniGPTConfig) -> None:
         super().__init__()
         self.gate = nn.Linear(config.smear_gate_channels, 1, bias=False)
-        self.lam = nn.Parameter(torch.zeros(()))
+        self.lam = nn.Parameter(torch.zeros(1))
 
 
 class Bigram(nn.Module):
@@ -133,7 +133,7 @@ class Scalars(nn.Module):
             self.resid = nn.Parameter(torch.ones(config.n_layer))
             self.x0 = nn.Parameter(torch.zeros(config.n_layer))
         if config.backout:
-            self.backout = nn.Parameter(torch.zeros(()))
+            self.backout = nn.Parameter(torch.zeros(1))
 
 
 def has_value_embed(config: MiniGPTConfig, layer: int) -> bool:

@@ -8,11 +8,11 @@ the decoding choices it reports time alike. Read in this order:
     train_step.py       training-step throughput against the reference
     train_loop.py       sustained training with the trainer's own step code (only when asked for)
     busy.py             training beside a busy loop, threads measured and fixed (only when asked for)
-    compile.py          does torch.compile pay for the default run (only when asked for)
+    compile.py          does torch.compile pay for the Llama-style run (only when asked for)
     techniques.py       what each technique switch costs per training step (only when asked for)
     generation.py       decoding speed: minigpt's dtypes, eager and compiled, against HF and llama.cpp
     llama_cpp.py        llama.cpp on the generation section's shape
-    default_decode.py   `make train`'s model decoding, eager and compiled
+    default_decode.py   the Llama-style model's decoding, eager and compiled
     first_token.py      time to first token of a fresh `generate`, eager and compiled, cold and warm
     decode_batch.py     decoding throughput as the batch grows
     speculative.py      drafts' acceptance rate and speed-up

@@ -1,8 +1,9 @@
-"""Training on a busy machine: the default run's tokens/s alone and beside a CPU-bound competitor, with the
-thread count chosen by measurement and with one thread per core (torch's own default).
+"""Training on a busy machine: the Llama-style run's (TrainConfig's defaults) tokens/s alone and beside a
+CPU-bound competitor, with the thread count chosen by measurement and with one thread per core (torch's own
+default).
 
 The competitor is a Python busy loop in a process of its own, which the section starts and stops. The
-trainer's step of the default model (techniques.default_model_step: the trainer's autocast, fused loss and
+trainer's step of the Llama-style model (techniques.default_model_step: the trainer's autocast, fused loss and
 optimizer, random tokens) runs on the CPU in four settings, timed in interleaved rounds:
 
     quiet    measured     set_threads(None) as a run starts, then a ThreadGovernor fed every step's clock
@@ -82,7 +83,7 @@ def timed_run(step: Callable[[], None], steps: int, tokens: int, setting: str, f
 
 
 def bench_busy(quick: bool = False, steps: int = 60, repeats: int = 3) -> dict:
-    """Seconds per step of the default model's training step in each setting (module docstring), on a CPU."""
+    """Seconds per step of the Llama-style model's training step in each setting (module docstring)."""
     if quick:
         steps, repeats = 6, 1
     runtime = resolve_runtime(DeviceConfig(type="cpu"), probe_cache=Path(DataConfig().cache_dir))
@@ -133,8 +134,9 @@ def _summary(runs: list[dict], tokens: int) -> dict:
 def format_busy(r: dict) -> list[str]:
     """The section's table: tokens/s alone and beside the competitor, and what each setting keeps."""
     m = r["model"]
-    head = (f"Training beside a busy loop (the default model: {m['n_layer']} layers x {m['n_embd']} wide, "
-            f"vocab {m['vocab_size']}, batch {r['batch_size']} x {m['block_size']}, {r['dtype']}; "
+    head = (f"Training beside a busy loop (the Llama-style model, `model=demo`: {m['n_layer']} layers x "
+            f"{m['n_embd']} wide, vocab {m['vocab_size']}, batch {r['batch_size']} x {m['block_size']}, "
+            f"{r['dtype']}; "
             f"{r['steps']} steps per run, median of {r['repeats']} interleaved rounds; {r['cores']} cores): "
             "tokens/s [threads]")
     rows = []

@@ -1,6 +1,6 @@
-"""Does torch.compile pay for the default run? The measurement behind device.compile's default on a CPU.
+"""Does torch.compile pay for the Llama-style run? The measurement behind device.compile's default on a CPU.
 
-The model, batch and step count of a plain `make train` (the dataclass defaults: TrainConfig(), the BPE
+The model, batch and step count of the Llama-style run (the dataclass defaults: TrainConfig(), the BPE
 vocabulary), random tokens, the trainer's own step code (training/step.py) and optimizer. Two copies of one
 set of weights train side by side, eager and compiled: the compiled one's first step is the compile time; then
 steps alternate (eager, compiled, eager, ...), so the steady-state ratio is measured under the same machine
@@ -31,7 +31,7 @@ from minigpt.training.step import accumulate_gradients, optimizer_step
 
 
 def bench_compile(device: torch.device, *, repeats: int = 10, quick: bool = False) -> dict:
-    """Compile time, eager vs compiled step time of the default run's model, and the break-even step count."""
+    """Compile time, eager vs compiled step time of the Llama-style model, and the break-even step count."""
     cfg = TrainConfig()
     tc = cfg.trainer
     batch, block = tc.batch_size, cfg.model.block_size

@@ -1,6 +1,6 @@
-"""`make train`'s model decoding: tokens/s of greedy generation at batch 1, eager and compiled.
+"""The Llama-style model's decoding: tokens/s of greedy generation at batch 1, eager and compiled.
 
-The default model (ModelConfig's defaults: 4 layers x 96 wide, one KV head, RoPE, SwiGLU, untied head over
+The Llama-style model (ModelConfig's defaults: 4 layers x 96 wide, one KV head, RoPE, SwiGLU, untied head over
 the 4096-token bpe vocabulary) has 1.2M parameters, 4.7 MB in float32: its weights stay in the CPU's caches,
 so a decode step costs what its ops cost to dispatch and run, not what its weights cost to read. Eagerly that
 is a few dozen small ops per layer, each through Python; compiled, a handful of generated kernels and the
@@ -25,7 +25,7 @@ TARGET_TOKENS_PER_S = 2000.0
 
 def bench_default_decode(device: torch.device, *, prompt_len: int = 16, new_tokens: int = 256,
                          repeats: int = 5, compile: bool = True) -> dict:
-    """tokens/s and seconds per step of the default model, eager and (compile) compiled."""
+    """tokens/s and seconds per step of the Llama-style model, eager and (compile) compiled."""
     torch.manual_seed(0)
     model = build_model(default_model_config()).to(device).eval()
     decoders = {"eager": fastest_step(copy.deepcopy(model))}

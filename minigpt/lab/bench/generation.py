@@ -17,7 +17,7 @@ eager and compiled (`compile=true`). Measured:
 - per-token latency of one decode step with ~64, ~512, ~1000 tokens in the cache, eager and compiled, and the
   same step of a model with the same layers and heads but negligible weights (8-wide heads, vocab 64): its
   time is what a step costs besides reading weights (Python, op dispatch, small kernels)
-- `make train`'s default model decoding greedily at batch 1 (its own shape: `default_model`)
+- the Llama-style model (`model=demo`) decoding greedily at batch 1 (its own shape: `default_model`)
 - the time to prefill a 512-token prompt (last position projected only, as when sampling), and the extra
   memory of one cached generation
 """
@@ -311,5 +311,6 @@ def _prefill(model: GPT, ref: torch.nn.Module, length: int, repeats: int, device
 
 
 def default_model_config() -> ModelConfig:
-    """`make train`'s model (ModelConfig's defaults) with the default bpe tokenizer's vocabulary."""
+    """The Llama-style model (ModelConfig's defaults, `model=demo`) with the default bpe tokenizer's
+    vocabulary."""
     return ModelConfig(vocab_size=BPE_VOCAB_SIZE)

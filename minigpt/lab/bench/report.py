@@ -57,8 +57,8 @@ def format_compile(r: dict) -> list[str]:
             return "never (compiled steps are not faster)"
         return f"after {even:.0f} steps ({'within' if even <= limit else 'beyond'} the {limit})"
 
-    return [f"torch.compile on the default run ({m['n_layer']} layers x {m['n_embd']} wide, vocab "
-            f"{m['vocab_size']}, block {m['block_size']}, batch {r['batch_size']}): "
+    return [f"torch.compile on the Llama-style run (`model=demo`, {m['n_layer']} layers x {m['n_embd']} "
+            f"wide, vocab {m['vocab_size']}, block {m['block_size']}, batch {r['batch_size']}): "
             f"step {_t(r['eager_step_s'])} eager vs {_t(r['compiled_step_s'])} compiled "
             f"({r['speedup']:.2f}x); a first run compiles in {r['compile_s']:.0f} s and wins it back "
             f"{verdict(r['break_even_steps'])}, a later one (Inductor's cache filled) in "
@@ -108,7 +108,7 @@ def format_train_loop(r: dict) -> list[str]:
 
 
 def format_techniques(r: dict) -> list[str]:
-    out = [f"Technique switches on the default model (batch {r['batch_size']} x {r['block_size']}, vocab "
+    out = [f"Technique switches on the Llama-style model (batch {r['batch_size']} x {r['block_size']}, vocab "
            f"{r['vocab_size']}, {r['dtype']}, {r['threads']} threads): the trainer's step, median of "
            f"{r['repeats']} interleaved calls of {r['steps_per_call']} steps"]
     rows = [[name, _t({"median": x["step_s"], "min": x["min_s"], "max": x["max_s"]}), f"{x['ratio']:.2f}x",

@@ -66,8 +66,9 @@ def _overhead(lat: dict, p0: str) -> list[str]:
 
 def format_default_decode(r: dict) -> list[str]:
     m = r["model"]
-    out = [f"`make train`'s model decoding ({m['n_layer']} layers x {m['n_embd']} wide, {m['n_head']} heads, "
-           f"{m['n_kv_head']} KV head, vocab {m['vocab_size']}, {r['params']:,} parameters), batch 1, "
+    out = [f"The Llama-style model's decoding (`model=demo`, {m['n_layer']} layers x {m['n_embd']} wide, "
+           f"{m['n_head']} heads, {m['n_kv_head']} KV head, vocab {m['vocab_size']}, {r['params']:,} "
+           "parameters), batch 1, "
            f"{r['prompt_tokens']} prompt + {r['new_tokens']} new tokens, greedy, {r['threads']} threads:"]
     out += table(["decode step", "tokens/s", "total s", "step alone (~64 cached)"],
                  [[n, f"{row['tokens_per_s']:.0f}", timing(row["time_s"], 1, ""), timing(row["step_s"])]

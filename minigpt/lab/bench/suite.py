@@ -9,7 +9,7 @@ under a minute, for smoke tests. Sections:
     generation  decoding shape W2: minigpt fp32 / bf16 / int8, eager and compiled, against HF generate and
                 llama.cpp (f32 / bf16 / q8_0) and the uncached path; MBU, the targets, latency by position and
                 the op overhead of a step, prefill
-    default_decode   `make train`'s model decoding at batch 1, eager and compiled
+    default_decode   the Llama-style model (`model=demo`) decoding at batch 1, eager and compiled
     first_token      a trained checkpoint's time to first token in a fresh process: eager, compiled with the
                      decode-step cache cold and warm, beside each one's tokens/s
     decode_batch     W2 at batch 1, 4, 16, 64: tokens/s, per-token latency, where throughput saturates
@@ -22,10 +22,10 @@ under a minute, for smoke tests. Sections:
     data        default-corpus prepare time, encode MB/s
     train_loop  (only when asked for) sustained training with the trainer's step code: GPT-2 small with
                 bf16 + compile on CUDA (scripts/device_check.sh), a tiny smoke shape on CPU
-    compile     (only when asked for) does torch.compile pay for a default `make train` run? compile time,
-                eager vs compiled steps, break-even step count
-    techniques  (only when asked for) the trainer's step of the default model with each technique switch on,
-                relative to the default's (docs/tricks.md)
+    compile     (only when asked for) does torch.compile pay for the Llama-style run (TrainConfig())?
+                compile time, eager vs compiled steps, break-even step count
+    techniques  (only when asked for) the trainer's step of the Llama-style model with each technique switch
+                on, relative to the default's (docs/tricks.md)
     busy        (only when asked for) training tokens/s alone and beside a busy loop, with the thread count
                 measured and fixed (docs/performance.md)
 

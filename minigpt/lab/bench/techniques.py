@@ -1,9 +1,9 @@
-"""What each technique switch costs per training step on the default run's model.
+"""What each technique switch costs per training step on the Llama-style model (`model=demo`).
 
 A technique that adds work per token (QK-norm's norms, the value-embedding lookups and gates, Muon's
 orthogonalisations) must win at equal training *time*, not only at equal tokens. This section times the
 trainer's own step (`training/step.py`: autocast as the trainer picks it, fused loss, backward, clipping,
-the optimizer from `build_optimizer`) of the default model (`ModelConfig()`, the default vocabulary and
+the optimizer from `build_optimizer`) of the Llama-style model (`ModelConfig()`, the default vocabulary and
 batch) with each switch on, interleaved with the default, and reports each one's step time relative to the
 default's. A ratio r means a run with the switch fits 1/r of the default's steps into the same time
 (docs/tricks.md uses it for its equal-time rows).
@@ -47,7 +47,7 @@ TECHNIQUES: dict[str, tuple[dict, dict]] = {
 
 
 def default_model_step(model_overrides: dict, optim_overrides: dict, runtime, batches: torch.Tensor):
-    """One trainer step of the default model with the overrides, on a pool of fixed batches."""
+    """One trainer step of the Llama-style model with the overrides, on a pool of fixed batches."""
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{"vocab_size": TokenizerConfig().bpe_vocab_size, **model_overrides}))
     model.to(runtime.device)
