@@ -57,7 +57,9 @@ def _wsd_lr(step: int, max_steps: int, lr=6e-3, warmup=2, floor=0.1, cooldown=0.
 @pytest.mark.slow
 def test_a_changed_course_resumes_with_one_warning_line_per_key(tmp_path, corpus_dir, capsys):
     run = tmp_path / "run"
-    common = [*fast_overrides(tmp_path, corpus_dir), "logging.sample_tokens=0", f"hydra.run.dir={run}"]
+    # optim=muon: one lr for every group, the one _wsd_lr computes
+    common = [*fast_overrides(tmp_path, corpus_dir), "model=demo", "optim=muon", "logging.sample_tokens=0",
+              f"hydra.run.dir={run}"]
     assert run_script("train", [*common, "trainer.max_steps=4"], capsys).code == 0
     changes = ["trainer.max_steps=8", "trainer.batch_size=8", "model.dropout=0.1", "model.attention=math"]
     result = run_script("train", [*common, *changes, "trainer.resume=auto", "logging.log_every=100"], capsys)
