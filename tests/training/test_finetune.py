@@ -50,7 +50,8 @@ def _train_args(root: Path, corpus: Path, *extra: str) -> list[str]:
     # optim=muon: optim.lr reaches the head and the tables (the default recipe gives each group its own)
     return ["data=text", f"data.paths=[{corpus}]", f"data.cache_dir={root / 'data'}", "device=cpu",
             "trainer.batch_size=4", "trainer.eval_every=10", "trainer.eval_tokens=512", "optim=muon",
-            "optim.lr=3e-3", "optim.warmup_steps=2", "logging.progress_bar=false", "logging.sample_tokens=8", *extra]
+            "optim.lr=3e-3", "optim.warmup_steps=2", "logging.progress_bar=false", "logging.sample_tokens=8",
+            *extra]
 
 
 @pytest.mark.slow
