@@ -167,10 +167,7 @@ class StepCache:
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             if artifacts is not None:
-                sha = hashlib.sha256(artifacts).hexdigest()
-                name = f"{path.stem}-{sha[:16]}.inductor"
-                _write_atomically(self.folder / name, artifacts)
-                kept = replace(kept, artifacts={"file": name, "sha256": sha})
+                kept = replace(kept, artifacts=self._file_beside(key, artifacts, ".inductor"))
             record = {"key": key, "plan": kept.plan.to_dict(), "notes": kept.notes, "choose_s": kept.choose_s,
                       "times": kept.times, "warm_s": kept.warm_s, "artifacts": kept.artifacts,
                       "package": kept.package}
@@ -179,6 +176,12 @@ class StepCache:
             log.warning("could not keep the decode step in %s (%s); it will be chosen again next run", path,
                         e.strerror or e)
 
+    def _file_beside(self, key: dict, data: bytes, suffix: str) -> dict:
+        """`data` written atomically beside `key`'s record, named by its checksum: {"file", "sha256"}."""
+        sha = hashlib.sha256(data).hexdigest()
+        name = f"{self._record(key).stem}-{sha[:16]}{suffix}"
+        _write_atomically(self.folder / name, data)
+        return {"file": name, "sha256": sha}
 
     def package(self, key: dict, weights: str) -> Path | None:
         """The package of `key`'s step for the weights of digest `weights` (`weights_digest`), or None where
@@ -188,8 +191,7 @@ class StepCache:
             return None
         path = self.folder / kept.package["file"]
         try:
-            if hashlib.sha256(path.read_bytes()).hexdigest() != kept.package["sha256"]:
-                raise ValueError(f"{path.name} does not match its checksum")
+            _checked_bytes(path, kept.package["sha256"])
         except (OSError, ValueError) as e:
             log.warning("decode cache %s is damaged (%s): packaging the step again", path,
                         getattr(e, "strerror", None) or e)
@@ -200,16 +202,14 @@ class StepCache:
         """`kept` with `package` (the bytes of a package for the weights of digest `weights`) filed beside
         `key`'s record and named in it, the record rewritten; a folder that cannot be written keeps nothing
         (one log line)."""
-        sha = hashlib.sha256(package).hexdigest()
-        name = f"{self._record(key).stem}-{sha[:16]}.pt2"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            _write_atomically(self.folder / name, package)
+            named = self._file_beside(key, package, ".pt2")
         except OSError as e:
             log.warning("could not keep the packaged decode step in %s (%s); it is packaged again next run",
                         self.folder, e.strerror or e)
             return kept
-        kept = replace(kept, package={"file": name, "sha256": sha, "weights": weights})
+        kept = replace(kept, package={**named, "weights": weights})
         self.write(key, kept)
         return kept
 
@@ -224,10 +224,16 @@ def weights_digest(model: torch.nn.Module) -> str:
     return digest.hexdigest()[:32]
 
 
-def _load_artifacts(path: Path, sha256: str) -> None:
+def _checked_bytes(path: Path, sha256: str) -> bytes:
+    """The bytes of `path`; ValueError where they do not match their checksum (OSError where unreadable)."""
     data = path.read_bytes()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path.name} does not match its checksum")
+    return data
+
+
+def _load_artifacts(path: Path, sha256: str) -> None:
+    data = _checked_bytes(path, sha256)
     try:
         torch.compiler.load_cache_artifacts(data)
     except Exception as e:  # noqa: BLE001 - whatever unpickling a damaged file raises, the file is damaged
