@@ -5,9 +5,10 @@ every tool.
                   inference keys of the tools (`device=`, `device.threads=`, `weights_dtype=`); no torch, so
                   Hydra's schemas stay light
     runtime.py    the resolved choices: the torch device, autocast (device.dtype=auto on a CPU decided by the
-                  probe), the loss scaler, and the peak FLOP/s that MFU divides by
-    probe.py      measurements of the machine: synchronisation, matmul FLOP/s, read bandwidth, and the CPU's
-                  fp32-vs-bf16 probe, cached per machine in the data cache folder
+                  probe), SDPA's kernel for a CPU run's shape, the loss scaler, and the peak FLOP/s that MFU
+                  divides by
+    probe.py      measurements of the machine: synchronisation, matmul FLOP/s, read bandwidth, the CPU's
+                  fp32-vs-bf16 probe (cached per machine in the data cache folder), SDPA's kernels timed
     cpu_load.py   how many cores other processes keep busy, from /proc/stat less this process's own time
     threads.py    the thread count every command starts with: one per free core, or device.threads
     governor.py   the thread count re-chosen while a run trains, when its speed drops or cores come free

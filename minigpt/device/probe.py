@@ -6,6 +6,8 @@ virtualised, frequency-scaled cores, and bf16 units some CPUs have and others em
     measure_read_bandwidth  best bytes/s of reading a buffer larger than the caches: the denominator of MBU
     cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
                             `runtime.choose_cpu_dtype` decides the autocast dtype from it
+    time_sdpa               seconds of attention's forward and backward at a run's own shape, with torch's
+                            fused kernel and with its math kernel; `runtime.choose_cpu_attention` decides
 """
 
 from __future__ import annotations
@@ -89,6 +91,39 @@ def _best_rate(fn, work: float, device: torch.device, seconds: float) -> float:
             return best
         if elapsed < 0.05:  # too short to time reliably: make the batch bigger
             calls *= 2
+
+
+def time_sdpa(shape: tuple[int, int, int, int, int], dtype: torch.dtype, device: torch.device,
+              repeats: int = 5) -> dict[str, float]:
+    """Median seconds of one causal `scaled_dot_product_attention` forward and backward at `shape` = (batch,
+    query heads, key/value heads, sequence, head size) in `dtype`: "fused", the kernel torch picks, and
+    "math", its explicit one, timed alternately after one untimed call each, so that a machine that slows
+    down slows both. On a CPU which is faster depends on the shape, the dtype and the CPU: a run measures.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    b, h, h_kv, t, d = shape
+    gen = torch.Generator().manual_seed(0)  # its own generator: the training RNG stream stays untouched
+    q, k, v = (torch.randn(b, heads, t, d, generator=gen).to(device, dtype).requires_grad_()
+               for heads in (h, h_kv, h_kv))
+    kernels = {"fused": contextlib.nullcontext, "math": lambda: sdpa_kernel(SDPBackend.MATH)}
+
+    def call(kernel) -> float:
+        start = time.perf_counter()
+        with kernel():
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                 enable_gqa=h_kv != h)
+        y.sum().backward()
+        synchronize(device)
+        return time.perf_counter() - start
+
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    for i in range(repeats + 1):
+        for name, kernel in kernels.items():
+            seconds = call(kernel)
+            if i:  # the first call of each allocates and warms up
+                times[name].append(seconds)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
 @dataclass(frozen=True)

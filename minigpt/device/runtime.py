@@ -13,6 +13,7 @@ emulated); float32 on MPS.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -22,9 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minigpt.device.config import DeviceConfig
-from minigpt.device.probe import MatmulProbe, cpu_matmul_probe, measure_matmul_flops, synchronize
+from minigpt.device.probe import MatmulProbe, cpu_matmul_probe, measure_matmul_flops, synchronize, time_sdpa
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -64,16 +66,21 @@ class Runtime:
     dtype: torch.dtype  # autocast dtype; float32 means autocast is off
     compile: bool
     dtype_reason: str = ""  # why this dtype: the setting, or what device.dtype=auto measured
+    attention_kernel: SDPBackend | None = None  # SDPA's kernel (`choose_cpu_attention`); None: torch's choice
 
     @property
     def type(self) -> str:
         return self.device.type
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """The context for forward passes: autocast to `dtype`, or nothing in float32."""
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+        """The context for forward passes: autocast to `dtype` (nothing in float32), and SDPA's kernel where
+        one was chosen."""
+        context = contextlib.ExitStack()
+        if self.dtype != torch.float32:
+            context.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
+        if self.attention_kernel is not None:
+            context.enter_context(sdpa_kernel(self.attention_kernel))
+        return context
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A loss scaler, enabled only for float16 (a disabled scaler is a no-op with the same API)."""
@@ -127,6 +134,30 @@ def choose_cpu_dtype(probe: MatmulProbe) -> tuple[torch.dtype, str]:
         return torch.bfloat16, f"auto: {rates}, bf16 {probe.bf16_speedup:.2f}x faster"
     return torch.float32, (f"auto: {rates}; bf16 is {probe.bf16_speedup:.2f}x fp32, "
                            f"under the {BF16_MIN_SPEEDUP}x it needs to pay")
+
+
+# SDPA's math kernel must beat the fused one torch picks by this factor, at the run's own shape, before a CPU
+# run uses it: a smaller margin would follow the noise of a few timed calls.
+SDPA_MATH_MIN_SPEEDUP = 1.2
+
+
+def choose_cpu_attention(times: dict[str, float]) -> tuple[SDPBackend | None, str]:
+    """SDPA's kernel for a CPU run from `probe.time_sdpa`'s seconds ("fused", "math"), and why. On a CPU the
+    fused (flash) kernel is made for long sequences; at a small model's few heads of 32 channels in bf16 the
+    plain matmuls and softmax of the math kernel can be faster."""
+    fused, math_kernel = times["fused"], times["math"]
+    why = f"forward and backward {fused * 1e3:.2f} ms fused, {math_kernel * 1e3:.2f} ms math"
+    if fused >= SDPA_MATH_MIN_SPEEDUP * math_kernel:
+        return SDPBackend.MATH, f"SDPA's math kernel ({why})"
+    return None, f"SDPA's fused kernel ({why})"
+
+
+def with_cpu_attention(runtime: Runtime, shape: tuple[int, int, int, int, int],
+                       timer: Callable[..., dict[str, float]] = time_sdpa) -> Runtime:
+    """`runtime` with SDPA's kernel measured for attention of `shape` (see `probe.time_sdpa`), on a CPU."""
+    kernel, why = choose_cpu_attention(timer(shape, runtime.dtype, runtime.device))
+    log.info("attention: %s", why)
+    return dataclasses.replace(runtime, attention_kernel=kernel)
 
 
 def inference_device(device: str, weights_dtype: str) -> tuple[torch.device, torch.dtype]:
