@@ -24,15 +24,16 @@ from minigpt.training.budget import Budget
 from minigpt.training.config import TrainConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.seeding import seed_everything
-from minigpt.training.step import accumulate_gradients, optimizer_step
+from minigpt.training.step import accumulate_gradients, optimizer_step, with_attention_kernel
 
 log = logging.getLogger(__name__)
 
 
 def minigpt_steps(cfg: TrainConfig, data: PreparedData, seed: int):
-    """A function running one training step of the minigpt arm as its trainer runs them (autocast as the
-    device chooses, fused loss, clipping, the optimizer and schedule of `cfg.optim`) on its batches."""
-    runtime = resolve_runtime(cfg.device, probe_cache=Path(cfg.data.cache_dir))
+    """A function running one training step of the minigpt arm as its trainer runs them (autocast and
+    attention kernel as the device chooses, fused loss, clipping, the optimizer and schedule of `cfg.optim`)
+    on its batches."""
+    runtime = with_attention_kernel(resolve_runtime(cfg.device, probe_cache=Path(cfg.data.cache_dir)), cfg, 1)
     seed_everything(seed)
     model = build_model(cfg.model, vocab_size=data.vocab_size).to(runtime.device)
     optimizer = build_optimizer(model, cfg.optim, runtime.type)

@@ -15,9 +15,9 @@ import torch
 
 from minigpt.cluster import distributed
 from minigpt.cluster.dist_env import DistEnv
-from minigpt.device.runtime import Runtime
+from minigpt.device.runtime import Runtime, with_cpu_attention
 from minigpt.errors import UserError
-from minigpt.training.config import TrainerConfig
+from minigpt.training.config import TrainConfig, TrainerConfig
 from minigpt.training.seeding import forked_random_streams
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,16 @@ def grad_accum_steps(tc: TrainerConfig, block_size: int, world_size: int) -> int
             f"(try {max(1, round(tc.tokens_per_step / micro)) * micro})"
         )
     return tc.tokens_per_step // micro
+
+
+def with_attention_kernel(runtime: Runtime, cfg: TrainConfig, world_size: int) -> Runtime:
+    """The runtime the steps run under: on a CPU, in one process, with SDPA's kernel measured at the run's
+    attention shape (device/runtime.py `with_cpu_attention`); elsewhere as it is (torch's choice)."""
+    m = cfg.model
+    if runtime.type != "cpu" or m.attention != "sdpa" or world_size > 1:
+        return runtime
+    shape = (cfg.trainer.batch_size, m.n_head, m.kv_heads, m.block_size, m.head_dim)
+    return with_cpu_attention(runtime, shape)
 
 
 def accumulate_gradients(

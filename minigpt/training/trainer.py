@@ -42,7 +42,7 @@ from minigpt.cluster.dist_env import DistEnv
 from minigpt.data.loader import BatchLoader
 from minigpt.data.prepare import GivenTokenizer, prepare_dataset
 from minigpt.device.governor import ThreadGovernor
-from minigpt.device.runtime import peak_flops, resolve_runtime, with_cpu_attention
+from minigpt.device.runtime import peak_flops, resolve_runtime
 from minigpt.device.threads import set_threads
 from minigpt.inspect.perplexity import format_perplexity
 from minigpt.model.factory import build_model
@@ -55,7 +55,13 @@ from minigpt.training.optim import LRSchedule, build_optimizer
 from minigpt.training.reporting import ProgressDisplay, TensorBoardLogger, is_terminal
 from minigpt.training.seeding import rng_state, seed_everything, seed_rank_stream
 from minigpt.training.start import SCRATCH, Start, load_for_resume, restore
-from minigpt.training.step import DivergenceGuard, accumulate_gradients, grad_accum_steps, optimizer_step
+from minigpt.training.step import (
+    DivergenceGuard,
+    accumulate_gradients,
+    grad_accum_steps,
+    optimizer_step,
+    with_attention_kernel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +128,7 @@ class Trainer:
         if init is not None and start.checkpoint is None:
             init.load_weights(self.model)
         self.model.to(device)
-        m = cfg.model
-        if device.type == "cpu" and m.attention == "sdpa" and env.world_size == 1:  # ranks: torch's choice
-            shape = (tc.batch_size, m.n_head, m.kv_heads, m.block_size, m.head_dim)
-            self.runtime = with_cpu_attention(self.runtime, shape)
+        self.runtime = with_attention_kernel(self.runtime, cfg, env.world_size)
         seed_rank_stream(tc.seed, env.rank)
         state = load_for_resume(start.checkpoint, self.model, cfg) if start.checkpoint is not None else None
         # `model` stays the plain module (DDP wraps it; FSDP2 shards it in place); the compiled wrapper runs
