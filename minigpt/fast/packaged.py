@@ -55,12 +55,7 @@ class _Program(nn.Module):
 
     def forward(self, tokens: torch.Tensor, filled: torch.Tensor, cache_tokens: torch.Tensor,
                 keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        cache = KVCache.__new__(KVCache)  # the cache's own methods, on the tensors handed in
-        cache.k, cache.v, cache.tokens = list(keys), list(values), cache_tokens
-        cache.device, cache.dtype = tokens.device, keys[0].dtype
-        cache.max_len, cache.length = keys[0].shape[2] - 1, filled.shape[0]
-        cache.pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)  # (B,)
-        cache.has_padding = False
+        cache = KVCache(list(keys), list(values), cache_tokens, length=filled.shape[0])  # the tensors given
         return decode_forward(self.model, tokens, cache)
 
 
