@@ -63,57 +63,65 @@ POLAR_EXPRESS = (
 )
 
 
+def _frobenius(x: torch.Tensor) -> torch.Tensor:
+    """(..., m, n) -> (..., 1, 1): the Frobenius norm of each matrix of a stack."""
+    return x.norm(dim=(-2, -1), keepdim=True)
+
+
 def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """(m, n) -> (m, n): approximately U Vᵀ of g = U S Vᵀ, by `steps` Newton-Schulz iterations in float32.
+    """(..., m, n) -> (..., m, n): approximately U Vᵀ of g = U S Vᵀ (of each matrix of a stack), by `steps`
+    Newton-Schulz iterations in float32.
 
     The iteration runs on the wide orientation (rows <= columns), where X Xᵀ is the smaller square matrix.
     Recipes for GPUs run it in bfloat16; float32 costs little at these sizes and is exact on every CPU,
     including those that emulate bfloat16.
     """
     x = g.float()
-    tall = x.shape[0] > x.shape[1]
+    tall = x.shape[-2] > x.shape[-1]
     if tall:
-        x = x.t()  # (n, m), n < m
-    x = x / (x.norm() + NS_EPS)  # Frobenius norm >= spectral norm: every singular value in [0, 1]
+        x = x.mT  # (..., n, m), n < m
+    x = x / (_frobenius(x) + NS_EPS)  # Frobenius norm >= spectral norm: every singular value in [0, 1]
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
-        gram = x @ x.t()  # (r, r), r = min(m, n)
-        x = a * x + (b * gram + c * gram @ gram) @ x  # (r, max(m, n))
-    return (x.t() if tall else x).to(g.dtype)
+        gram = x @ x.mT  # (..., r, r), r = min(m, n)
+        x = a * x + (b * gram + c * gram @ gram) @ x  # (..., r, max(m, n))
+    return (x.mT if tall else x).to(g.dtype)
 
 
 def polar_express(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
-    """(m, n) -> (m, n): U Vᵀ of g = U S Vᵀ, nearer than `orthogonalize` gets, in float32. Three changes:
+    """(..., m, n) -> (..., m, n): U Vᵀ of g = U S Vᵀ (of each matrix of a stack), nearer than `orthogonalize`
+    gets, in float32. Three changes:
     the rows are first scaled to a common norm (the mean row's, keeping ||g||): a few long rows would
     otherwise own the top singular values; each of the (at most five) steps has its own quintic
     (`POLAR_EXPRESS`), which lands the singular values near 1 rather than around it; and the result is
     scaled to the Frobenius norm of an exact U Vᵀ, sqrt(min(m, n))."""
     x = g.float()
-    rows = x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # (m, 1)
-    x = x * (x.norm() / math.sqrt(x.shape[0]) / rows)
-    tall = x.shape[0] > x.shape[1]
+    rows = x.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # (..., m, 1)
+    x = x * (_frobenius(x) / math.sqrt(x.shape[-2]) / rows)
+    tall = x.shape[-2] > x.shape[-1]
     if tall:
-        x = x.t()  # (n, m), n < m
-    x = x / (x.norm() * 1.01 + 1e-6)  # every singular value below 1, with a margin
+        x = x.mT  # (..., n, m), n < m
+    x = x / (_frobenius(x) * 1.01 + 1e-6)  # every singular value below 1, with a margin
     for a, b, c in POLAR_EXPRESS[:steps]:
-        gram = x @ x.t()  # (r, r), r = min(m, n)
+        gram = x @ x.mT  # (..., r, r), r = min(m, n)
         x = a * x + (b * gram + c * gram @ gram) @ x
-    x = x * (math.sqrt(min(x.shape)) / x.norm().clamp_min(1e-6))
-    return (x.t() if tall else x).to(g.dtype)
+    x = x * (math.sqrt(min(x.shape[-2:])) / _frobenius(x).clamp_min(1e-6))
+    return (x.mT if tall else x).to(g.dtype)
 
 
 def normalize_neurons(update: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
-    """(m, n) orthogonalised update -> (m, n): each neuron's share evened out, the whole keeping its norm.
+    """(..., m, n) orthogonalised update(s) -> (..., m, n): each neuron's share evened out, each matrix
+    keeping its norm.
 
     The orthogonal factor gives every direction the same size, but not every neuron (a row of a tall or
     square matrix, a column of a wide one): some rows of U Vᵀ are much longer than others. V, a running
-    mean (decay beta2) of each neuron's mean square, (m, 1) or (1, n) and updated in place, divides them out,
-    and the result is scaled back to the norm it had, so only the shares change (NorMuon).
+    mean (decay beta2) of each neuron's mean square, (..., m, 1) or (..., 1, n) and updated in place, divides
+    them out, and the result is scaled back to the norm it had, so only the shares change (NorMuon).
     """
-    dim = -1 if update.shape[0] >= update.shape[1] else -2  # average over the shorter side
+    dim = -1 if update.shape[-2] >= update.shape[-1] else -2  # average over the shorter side
     second_moment.lerp_(update.float().square().mean(dim=dim, keepdim=True), 1 - beta2)
     scaled = update / second_moment.sqrt().clamp_min(NS_EPS)
-    return (scaled * (update.norm() / scaled.norm().clamp_min(NS_EPS))).to(update.dtype)
+    return (scaled * (_frobenius(update) / _frobenius(scaled).clamp_min(NS_EPS))).to(update.dtype)
 
 
 def _factor(rows: int, cols: int) -> float:
@@ -187,7 +195,7 @@ class MuonAdamW(torch.optim.Optimizer):
             fn = partial(self._matrix_update, params, group)  # (i, X) -> matrix i's update, with X whole
             updates = on_owners(fn, params, nesterovs, costs, states=moments)
         else:
-            updates = [self._matrix_update(params, group, i, n) for i, n in enumerate(nesterovs)]
+            updates = self._stacked_updates(params, group, nesterovs)
         for p, update in zip(params, updates, strict=True):
             self._apply(p, update, group)
 
@@ -215,6 +223,32 @@ class MuonAdamW(torch.optim.Optimizer):
         return torch.cat([self._block_update(block, moment, group) * _factor(*block.shape)
                           for block, moment in zip(blocks, moments, strict=True)])
 
+    def _stacked_updates(self, params: list[torch.Tensor], group: dict, nesterovs: list[torch.Tensor]
+                         ) -> list[torch.Tensor]:
+        """Every matrix's update in one process, as `_matrix_update` computes each, but with the row blocks of
+        one shape orthogonalised as one stack (k, r, n): a small model's tens of blocks would otherwise each
+        pay the overhead of ~15 small matmuls. Each block gets the update it would get alone (the tests
+        compare the two to the last bits a batched matmul may round differently)."""
+        blocks, moments, owner = [], [], []  # every row block, its second moment (or None), its matrix
+        for i, (p, nesterov) in enumerate(zip(params, nesterovs, strict=True)):
+            rows = self._rows(p, group)
+            blocks += nesterov.split(rows)
+            moments += self._second_moments(p, group) or [None] * len(rows)
+            owner += [i] * len(rows)
+        by_shape: dict[tuple[int, int], list[int]] = {}
+        for j, block in enumerate(blocks):
+            by_shape.setdefault(tuple(block.shape), []).append(j)
+        updates: list[torch.Tensor] = list(blocks)  # each replaced by its update below
+        for shape, js in by_shape.items():
+            moment = None if moments[js[0]] is None else torch.stack([moments[j] for j in js])  # (k, r, 1)
+            stack = self._block_update(torch.stack([blocks[j] for j in js]), moment, group)  # (k, r, n)
+            for slot, j in enumerate(js):
+                updates[j] = stack[slot] * _factor(*shape)
+                if moment is not None:
+                    moments[j].copy_(moment[slot])  # the state keeps its own tensors
+        return [torch.cat([u for u, o in zip(updates, owner, strict=True) if o == i])
+                for i in range(len(params))]
+
     def _second_moments(self, p: torch.Tensor, group: dict) -> list[torch.Tensor]:
         """`p`'s second moments V where beta2 is set, one per row block (`second_moment`, or `second_moment.j`
         when split), zeros at first: (r, 1), or (1, n) for a wide block."""
@@ -228,8 +262,8 @@ class MuonAdamW(torch.optim.Optimizer):
         return [self.state[p][key] for key in keys]
 
     def _block_update(self, block: torch.Tensor, moment: torch.Tensor | None, group: dict) -> torch.Tensor:
-        """(r, n) rows of the Nesterov momentum -> (r, n): orthogonalised, with `normalize_neurons` by the
-        block's second moment where there is one."""
+        """(..., r, n) rows of the Nesterov momentum (a block, or a stack of them) -> (..., r, n):
+        orthogonalised, with `normalize_neurons` by the block's second moment where there is one."""
         orth = polar_express if group["orthogonalize"] == "polar_express" else orthogonalize
         update = orth(block, group["ns_steps"])
         return update if moment is None else normalize_neurons(update, moment, group["beta2"])

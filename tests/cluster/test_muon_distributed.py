@@ -46,10 +46,12 @@ ATOL, RTOL = 1e-5, 1e-4
 # its AdamW scalars (eps 1e-10, x0 at lr 0.5, the backout at 0.2) step by the sign of near-zero gradients,
 # the backout by up to 3e-2 of its value apart; Muon's matrices and their state then differ by up to ~3e-3
 # of their norm. So the recipe's runs compare Muon's tensors by norm, within RECIPE_RTOL: a Muon step lost
-# or doubled moves the zero-initialised output projections by a quarter or more. The step itself is exact
-# (`test_the_recipe_s_step_over_ranks_is_the_one_process_step_exactly`); the AdamW tensors are held to
-# ATOL in the plain runs.
+# or doubled moves the zero-initialised output projections by a quarter or more. The step itself is the same
+# up to the last bit of a matmul (`test_the_recipe_s_step_over_ranks_is_the_one_process_step`: one
+# process orthogonalises same-shaped blocks as one stack, a rank each block alone, and a batched matmul may
+# round a tiny block's products differently); the AdamW tensors are held to ATOL in the plain runs.
 RECIPE_RTOL = 2e-2
+STEP_RTOL, STEP_ATOL = 1e-6, 1e-7
 # The optimizer alone, fed the same gradients on every rank: matrices of odd heights (under FSDP2 a rank holds
 # 1 of (2, 5)'s rows, 3 and 2 of (5, 3)'s) and a fused one of a tall and two wide row blocks, whose rows of
 # f = sqrt(2) and f = 1 the two ranks share unevenly, as a fused q/k/v matrix's are.
@@ -172,14 +174,14 @@ def runs(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["ddp", "fsdp"])
-def test_the_recipe_s_step_over_ranks_is_the_one_process_step_exactly(runs: Path, route: str):
+def test_the_recipe_s_step_over_ranks_is_the_one_process_step(runs: Path, route: str):
     reference = _recipe_steps("one")
     assert any(key.endswith("second_moment.1") for key in reference)  # the fused matrix's wide block
     for rank in (0, 1):
         got = torch.load(runs / f"steps_{route}{rank}.pt")
         assert got.keys() == reference.keys()
         for key, value in reference.items():  # the same operations on the same numbers, wherever they ran
-            assert torch.equal(got[key], value), (rank, key)
+            torch.testing.assert_close(got[key], value, rtol=STEP_RTOL, atol=STEP_ATOL, msg=(rank, key))
 
 
 def _muon_state(run: Path) -> dict[str, torch.Tensor]:

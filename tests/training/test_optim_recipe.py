@@ -246,3 +246,30 @@ def test_the_recipe_builds_over_ranks_and_counts_its_second_moments_among_the_by
     updates = 2 * (64 * 32 + 32 * 32 + 128 * 32 + 32 * 128)  # 2 layers
     moments = 2 * (32 + 32 + 32 + 32 + 128 + 128)  # (32, 1), (1, 32), (1, 32), (32, 1), (128, 1), (1, 128)
     assert f"{4 * (updates + moments):,} bytes per step" in caplog.text
+
+
+def test_one_process_stacks_same_shaped_blocks_and_gets_each_block_s_own_update(monkeypatch):
+    """Blocks of one shape are orthogonalised (and normalised) as one stack: against each matrix stepped
+    alone, with its row blocks (split or not, tall or wide) and their second moments, for three steps."""
+    from minigpt.training.muon import MuonAdamW
+    gen = torch.Generator().manual_seed(5)
+    shapes = [(12, 8), (8, 12), (12, 8), (24, 8), (8, 8)]
+    wholes = [torch.randn(s, generator=gen) for s in shapes]
+    grads = [[torch.randn(s, generator=gen) for s in shapes] for _ in range(3)]
+    recipe = dict(muon=True, lr=0.02, cautious=True, beta2=0.9, orthogonalize="polar_express")
+
+    def run(stacked: bool) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(w.clone()) for w in wholes]
+        opt = MuonAdamW([{**recipe, "params": params[:3] + params[4:]},
+                         {**recipe, "params": params[3:4], "splits": [8, 8, 8]}])  # three (8, 8) blocks
+        if not stacked:
+            monkeypatch.setattr(opt, "_stacked_updates", lambda ps, group, ns: [
+                opt._matrix_update(ps, group, i, n) for i, n in enumerate(ns)])
+        for step_grads in grads:
+            for p, g in zip(params, step_grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+        return [p.detach() for p in params] + [v for p in params for v in opt.state[p].values()]
+
+    for got, want in zip(run(stacked=True), run(stacked=False), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
