@@ -32,7 +32,7 @@ from torch import nn
 
 from minigpt.data.verify import folder_digests
 from minigpt.errors import UserError, unwritable_path_message
-from minigpt.model.factory import unwrap
+from minigpt.model.factory import put_weights, unwrap
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -216,19 +216,9 @@ def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     return weights | {name: weights[kept] for name, kept in shared.items() if kept in weights}
 
 
-def put_weights(model: nn.Module, weights: dict[str, torch.Tensor], ckpt: Path) -> None:
-    """`weights` (read_weights) into `model` (unwrapped), strictly: every name and shape must match."""
-    try:
-        unwrap(model).load_state_dict(weights)
-    except RuntimeError as e:
-        detail = [line.strip() for line in str(e).splitlines()][1:] or [str(e)]  # after "Error(s) in ..."
-        raise UserError(f"{str(ckpt / WEIGHTS)!r} does not match the model: {detail[0][:200]} "
-                        "(was it written with a different model config?)") from None
-
-
 def load_weights(model: nn.Module, ckpt: Path) -> None:
     """Load model.safetensors into `model` (unwrapped), strictly: every name and shape must match."""
-    put_weights(model, read_weights(ckpt), ckpt)
+    put_weights(model, read_weights(ckpt), str(ckpt / WEIGHTS))
 
 
 def load_state(ckpt: Path, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:

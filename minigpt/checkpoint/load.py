@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minigpt.checkpoint.format import META, TOKENIZER, put_weights, read_meta, read_weights, verify_tokenizer
+from minigpt.checkpoint.format import META, TOKENIZER, WEIGHTS, read_meta, read_weights, verify_tokenizer
 from minigpt.data.tokenizers import Tokenizer, load_tokenizer
 from minigpt.device.runtime import inference_device
 from minigpt.errors import UserError
@@ -57,7 +57,7 @@ def model_config_of(meta: dict[str, Any], ckpt: Path) -> ModelConfig:
 def read_checkpoint(path: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any]]:
     """(model on the CPU in float32 and training mode, tokenizer, meta) from a checkpoint or run folder.
 
-    Everything is read from the folder and checked first; then the model is built and handed its weights."""
+    Everything is read from the folder and checked first; then the model is built with its weights."""
     ckpt = resolve_checkpoint(path)
     meta = read_meta(ckpt)
     config = model_config_of(meta, ckpt)
@@ -66,8 +66,7 @@ def read_checkpoint(path: str | Path) -> tuple[GPT, Tokenizer, dict[str, Any]]:
         raise UserError(f"checkpoint {str(ckpt)!r} has no {TOKENIZER}/ folder; it is incomplete")
     verify_tokenizer(ckpt, meta)
     tokenizer = load_tokenizer(ckpt / TOKENIZER)
-    model = build_model(config)
-    put_weights(model, weights, ckpt)
+    model = build_model(config, weights=weights, source=str(ckpt / WEIGHTS))
     return model, tokenizer, meta
 
 

@@ -33,7 +33,7 @@ import torch
 
 from minigpt.fast.step import DecodeStep
 from minigpt.model.gpt import GPT
-from minigpt.sampling.decode import DecodeFn, own_step, prefill_windows
+from minigpt.sampling.decode import DecodeFn, own_step, prefill
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,8 @@ def _decode(model: GPT, step: DecodeFn, prompts: list[list[int]],
     """`prompts` prefilled by `model`, then `tokens` (steps, B) fed through `step` one row of tokens at a
     time, or, given a number, that many of the greedy tokens of the logits before each. Returns the logits
     (steps + 1, B, V) in float32 and the tokens fed (steps, B)."""
-    cache = model.new_kv_cache(len(prompts))
-    logits = [prefill_windows(model, cache, prompts).float()]  # (B, V) each
+    cache, last = prefill(model, prompts)
+    logits = [last.float()]  # (B, V) each
     fed = []
     for i in range(tokens if isinstance(tokens, int) else len(tokens)):
         fed.append(logits[-1].argmax(-1) if isinstance(tokens, int) else tokens[i])  # (B,)

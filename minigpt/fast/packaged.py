@@ -9,7 +9,7 @@ compiled by AOTInductor into a shared library, packaged with the weights it comp
     export_step(step)           the step's exported program: tokens (B, 1) and the cache's tensors in, logits
                                 (B, 1, V) out; every layer's K/V written into its cache buffer in place
     package_step(step, path)    that program compiled and written as a package, with the step's settings
-    PackagedStep                a DecodeStep whose one-token calls run a loaded package
+    PackagedStep.loaded(...)    a DecodeStep whose one-token calls run a loaded package
 
 What a package holds, and so what it fixes:
 - the rows decoded and one token per call (speculative decoding's several, or rows other than the batch's,
@@ -55,12 +55,7 @@ class _Program(nn.Module):
 
     def forward(self, tokens: torch.Tensor, filled: torch.Tensor, cache_tokens: torch.Tensor,
                 keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        cache = KVCache.__new__(KVCache)  # the cache's own methods, on the tensors handed in
-        cache.k, cache.v, cache.tokens = list(keys), list(values), cache_tokens
-        cache.device, cache.dtype = tokens.device, keys[0].dtype
-        cache.max_len, cache.length = keys[0].shape[2] - 1, filled.shape[0]
-        cache.pad = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)  # (B,)
-        cache.has_padding = False
+        cache = KVCache(list(keys), list(values), cache_tokens, length=filled.shape[0])  # the tensors given
         return decode_forward(self.model, tokens, cache)
 
 
@@ -99,11 +94,19 @@ class PackagedStep(DecodeStep):
     anything else through `model`'s own step.
     `package`: the package's bytes, where it was built in this process (to be kept)."""
 
-    def __init__(self, model: GPT, plan: Plan, rows: int, runner: Callable[..., torch.Tensor],
-                 package: bytes | None = None) -> None:
-        super().__init__(model)
-        self.plan, self.rows, self.runner, self.package = plan, rows, runner, package
-        self._onednn = OneDNN(plan.onednn)
+    rows: int
+    runner: Callable[..., torch.Tensor]
+    package: bytes | None
+
+    @classmethod
+    def loaded(cls, model: GPT, plan: Plan, rows: int, runner: Callable[..., torch.Tensor],
+               package: bytes | None = None) -> PackagedStep:
+        """`model`'s own step, which every call the package does not hold falls back to, with `runner` for
+        the calls it holds."""
+        step = cls(model)
+        step.plan, step.rows, step.runner, step.package = plan, rows, runner, package
+        step._onednn = OneDNN(plan.onednn)
+        return step
 
     @property
     def compiled(self) -> bool:
@@ -144,7 +147,7 @@ def packaged_candidate(step: DecodeStep, model: GPT, rows: int, folder: Path) ->
         path = folder / f"step-{len(list(folder.iterdir()))}.pt2"
         try:
             package_step(step, rows, path)
-            return PackagedStep(model, step.plan, rows, load_package(path), path.read_bytes())
+            return PackagedStep.loaded(model, step.plan, rows, load_package(path), path.read_bytes())
         except Exception as e:  # noqa: BLE001 - whatever export or AOTInductor raise, the step stays compiled
             problem = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     log.info("the %s is compiled in every run, not packaged: %s", step.name, problem)
@@ -166,7 +169,7 @@ def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache
             return None, kept
     else:
         try:
-            candidate = PackagedStep(model, kept.plan, rows, load_package(path))
+            candidate = PackagedStep.loaded(model, kept.plan, rows, load_package(path))
         except Exception as e:  # noqa: BLE001 - a package that does not load is damaged, whatever it raises
             log.warning("decode cache %s is damaged (%s): compiling the step", path, e)
             return None, kept

@@ -26,7 +26,7 @@ Read in this order, the order a batch of token ids flows through the network:
     kv_cache.py         the key/value cache that lets decoding feed one token per step
     chunked_loss.py     cross-entropy fused with the output projection, a chunk of rows at a time
     gpt.py              the whole model: token ids in, logits (and the loss) out
-    factory.py          build_model: the one place a ModelConfig becomes a GPT
+    factory.py          build_model: the one place a ModelConfig becomes a GPT, with its weights if given
     config.py           ModelConfig, validated before any tensor is allocated (no torch)
     int8.py             weight-only int8: the linear layers' matrices in a quarter of float32's bytes
 

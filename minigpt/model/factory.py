@@ -1,10 +1,12 @@
-"""build_model: the one place a ModelConfig becomes a GPT; unwrap: the plain GPT under any wrapper."""
+"""build_model: the one place a ModelConfig becomes a GPT (handed its weights, where it is given them);
+put_weights: a state dict into a model, strictly; unwrap: the plain GPT under any wrapper."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 
+import torch
 from torch import nn
 
 from minigpt.errors import UserError
@@ -14,8 +16,10 @@ from minigpt.model.gpt import GPT
 log = logging.getLogger(__name__)
 
 
-def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
+def build_model(cfg: ModelConfig, vocab_size: int | None = None, *,
+                weights: dict[str, torch.Tensor] | None = None, source: str = "") -> GPT:
     """Validate `cfg` and build the model; `vocab_size` (the tokenizer's) fills a null model.vocab_size.
+    Given `weights` (a state dict read from the file `source`), the model is handed them (`put_weights`).
 
     A larger model.vocab_size than the tokenizer's is allowed (e.g. GPT-2's 50257 padded to 50304
     for faster matmuls: the extra rows are simply never targeted); a smaller one is an error.
@@ -39,7 +43,21 @@ def build_model(cfg: ModelConfig, vocab_size: int | None = None) -> GPT:
     warnings = ablation_warnings(cfg)
     if warnings:
         log.warning("ablation model: %s", "; ".join(warnings))
-    return GPT(cfg)
+    model = GPT(cfg)
+    if weights is not None:
+        put_weights(model, weights, source)
+    return model
+
+
+def put_weights(model: nn.Module, weights: dict[str, torch.Tensor], source: str) -> None:
+    """`weights` into `model` (unwrapped), strictly: every name and shape must match; else a UserError naming
+    `source`, the file they were read from."""
+    try:
+        unwrap(model).load_state_dict(weights)
+    except RuntimeError as e:
+        detail = [line.strip() for line in str(e).splitlines()][1:] or [str(e)]  # after "Error(s) in ..."
+        raise UserError(f"{source!r} does not match the model: {detail[0][:200]} "
+                        "(was it written with a different model config?)") from None
 
 
 def unwrap(model: nn.Module) -> nn.Module:

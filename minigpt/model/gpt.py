@@ -261,7 +261,7 @@ class GPT(nn.Module):
             # positions past block_size were never trained (and learned PE has no row for them)
             raise ValueError(f"max_len={max_len} exceeds the model's block_size={cfg.block_size}")
         weight = self.transformer.wte.weight  # float in every weights_dtype (int8 quantises linears only)
-        return KVCache(
+        return KVCache.allocate(
             cfg.n_layer, batch_size, cfg.kv_heads, max_len, cfg.head_dim,
             dtype=dtype or weight.dtype, device=device or weight.device,
         )

@@ -29,10 +29,25 @@ import torch
 
 class KVCache:
     """Per-layer K/V buffers, `k[l]` and `v[l]` of shape (B, H_kv, T_max + 1, D), filled up to `length` slots
-    (at most T_max = `max_len`; the last slot is never used, see the module docstring)."""
+    (at most T_max = `max_len`; the last slot is never used, see the module docstring), and `tokens`
+    (B, T_max + 1), the token id in each slot. `KVCache.allocate` makes an empty one."""
 
-    def __init__(
-        self,
+    def __init__(self, k: list[torch.Tensor], v: list[torch.Tensor], tokens: torch.Tensor,
+                 length: int = 0) -> None:
+        self.k, self.v = k, v
+        self.device, self.dtype = k[0].device, k[0].dtype
+        self.max_len = k[0].shape[2] - 1
+        self.length = length  # slots filled, the same for every row (rows differ only in padding)
+        B = k[0].shape[0]
+        self.pad = torch.zeros(B, dtype=torch.long, device=self.device)  # (B,) leading invalid slots
+        # models that read the previous token (model/previous_token.py) need the last one at the start of
+        # each decode step
+        self.tokens = tokens
+        self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
+
+    @classmethod
+    def allocate(
+        cls,
         n_layer: int,
         batch_size: int,
         n_kv_head: int,
@@ -41,18 +56,12 @@ class KVCache:
         *,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
-    ) -> None:
+    ) -> KVCache:
+        """An empty cache with zeroed buffers for `max_len` slots (one more allocated: module docstring)."""
         shape = (batch_size, n_kv_head, max_len + 1, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
-        self.device, self.dtype = self.k[0].device, dtype
-        self.max_len = max_len
-        self.length = 0  # slots filled, the same for every row (rows differ only in padding)
-        self.pad = torch.zeros(batch_size, dtype=torch.long, device=device)  # (B,) leading invalid slots
-        # (B, T_max + 1) the token id in each slot: models that read the previous token
-        # (model/previous_token.py) need the last one at the start of each decode step
-        self.tokens = torch.zeros((batch_size, max_len + 1), dtype=torch.long, device=device)
-        self.has_padding = False  # a Python flag, so the common unpadded case needs no mask and no sync
+        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layer)]
+        return cls(k, v, torch.zeros((batch_size, max_len + 1), dtype=torch.long, device=device))
 
     @property
     def batch_size(self) -> int:

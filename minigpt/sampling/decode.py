@@ -75,6 +75,13 @@ def prefill_windows(model: torch.nn.Module, cache: KVCache, windows: list[list[i
     return logits[:, -1]
 
 
+def prefill(model: torch.nn.Module, windows: list[list[int]]) -> tuple[KVCache, torch.Tensor]:
+    """A new cache of the model's whole context filled with the left-padded `windows` (B rows); and the last
+    logits (B, V)."""
+    cache = model.new_kv_cache(len(windows))
+    return cache, prefill_windows(model, cache, windows)
+
+
 @torch.no_grad()
 def stream_tokens(
     model: torch.nn.Module,

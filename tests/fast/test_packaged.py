@@ -94,7 +94,8 @@ def test_a_packaged_step_is_kept_and_read_back_and_decodes_as_the_eager_step(mon
 def test_what_a_package_does_not_hold_goes_through_the_model_s_own_step() -> None:
     model, calls = _tiny(), []
     program = packaged._Program(copy.deepcopy(model))
-    step = packaged.PackagedStep(model, KEPT.plan, 2, lambda *inputs: calls.append(1) or program(*inputs))
+    runner = lambda *inputs: calls.append(1) or program(*inputs)
+    step = packaged.PackagedStep.loaded(model, KEPT.plan, 2, runner)
     cases = {"one token a row": (model.new_kv_cache(2), 1, False), "padded": (model.new_kv_cache(2), 1, True),
              "two tokens a row": (model.new_kv_cache(2), 2, False),
              "a shorter cache": (model.new_kv_cache(2, max_len=12), 1, False)}

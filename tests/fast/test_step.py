@@ -153,8 +153,8 @@ def test_compiled_steps_write_the_cache_in_place() -> None:
     model = _model(block=512)
     shape = (2, 1, 2, 512, 8)  # L, B, H_kv, T_max, D: the buffers dwarf every activation of a step
     layer_buffer = shape[1] * shape[2] * shape[3] * shape[4]
-    assert _largest_generated_kernel(model, KVCache(*shape)) < layer_buffer
-    assert _largest_generated_kernel(model, OneBufferCache(*shape)) > 2 * shape[0] * layer_buffer
+    assert _largest_generated_kernel(model, KVCache.allocate(*shape)) < layer_buffer
+    assert _largest_generated_kernel(model, OneBufferCache.allocate(*shape)) > 2 * shape[0] * layer_buffer
 
 
 def test_without_a_cpp_compiler_the_step_stays_eager_with_one_line(monkeypatch, caplog) -> None:

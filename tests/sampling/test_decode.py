@@ -12,7 +12,7 @@ from model_helpers import tiny_config
 from omegaconf import OmegaConf
 
 from minigpt.model.factory import build_model
-from minigpt.sampling.decode import generate
+from minigpt.sampling.decode import generate, prefill
 from minigpt.sampling.params import SamplingParams
 from minigpt.sampling.sequences import window_length
 
@@ -227,3 +227,13 @@ def test_one_cache_allocation_and_only_last_position_logits():
     assert all(positions == 1 and cache is caches[0] for _, positions, cache in calls)  # (B, 1, V) each
     decode_calls = len(calls) - 1 - res.stats.reprefills  # all but the prefill and the rebuilds
     assert sum(shape[1] == 1 for shape, _, _ in calls) == decode_calls
+
+
+def test_prefill_gives_each_row_the_last_logits_of_its_prompt_alone():
+    model = tiny(seed=3)
+    windows = [[5, 6, 7, 8, 9], [10, 11]]  # the second row left-padded
+    with torch.no_grad():
+        cache, last = prefill(model, windows)
+        alone = [model(torch.tensor([w]))[0][0, -1] for w in windows]  # uncached, (V,) each
+    assert cache.length == 5 and cache.max_len == BLOCK
+    torch.testing.assert_close(last, torch.stack(alone), atol=ATOL, rtol=0)
