@@ -38,7 +38,7 @@ def grad_accum_steps(tc: TrainerConfig, block_size: int, world_size: int) -> int
 
 
 def with_attention_kernel(runtime: Runtime, cfg: TrainConfig, world_size: int) -> Runtime:
-    """The runtime the steps run under: on a CPU, in one process, with SDPA's kernel measured at the run's
+    """The runtime the steps run under: on a CPU, in one process, with SDPA's kernel chosen for the run's
     attention shape (device/runtime.py `with_cpu_attention`); elsewhere as it is (torch's choice)."""
     m = cfg.model
     if runtime.type != "cpu" or m.attention != "sdpa" or world_size > 1:
