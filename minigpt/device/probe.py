@@ -7,7 +7,9 @@ virtualised, frequency-scaled cores, and bf16 units some CPUs have and others em
     cpu_matmul_probe        this CPU's fp32 and bf16 matmul FLOP/s, measured once per machine and cached;
                             `runtime.choose_cpu_dtype` decides the autocast dtype from it
     time_sdpa               seconds of attention's forward and backward at a run's own shape, with torch's
-                            fused kernel and with its math kernel; `runtime.choose_cpu_attention` decides
+                            fused kernel and with its math kernel
+    cpu_sdpa_probe          those seconds for this CPU and shape, measured once and cached beside the matmul
+                            probe; `runtime.choose_cpu_attention` decides SDPA's kernel from them
 """
 
 from __future__ import annotations
@@ -214,6 +216,25 @@ def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
     return probe
 
 
+def cpu_sdpa_probe(cache_dir: Path | None, shape: tuple[int, int, int, int, int], dtype: torch.dtype,
+                   timer=time_sdpa) -> tuple[dict[str, float], str]:
+    """`time_sdpa`'s seconds for `shape` in `dtype` on this CPU, and where they came from ("measured" or
+    "cached"): read from the cache `cpu_matmul_probe` keeps, else timed and written there. Cached because
+    the choice they decide changes how a run rounds: a run that resumes, or one run beside another, must
+    make the one its predecessor made on this machine, whatever the load when each started."""
+    key = f"{machine_key()} | sdpa {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
+    path = cache_dir / CACHE_FILE if cache_dir is not None else None
+    entries = _read_cache(path)
+    cached = entries.get(key)
+    if isinstance(cached, dict) and set(cached) == {"fused", "math"}:
+        return cached, "cached"
+    times = timer(shape, dtype, torch.device("cpu"))
+    if path is not None:
+        entries[key] = times
+        _write_cache(path, entries)
+    return times, "measured"
+
+
 def _read_cache(path: Path | None) -> dict:
     if path is None:
         return {}
@@ -232,7 +253,7 @@ def _write_cache(path: Path, entries: dict) -> None:
         tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, path)
     except OSError as e:
-        log.warning("could not cache the CPU matmul probe in %s (%s); it will be measured again next run",
+        log.warning("could not cache the CPU probes in %s (%s); they will be measured again next run",
                     path, e.strerror or e)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)

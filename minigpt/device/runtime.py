@@ -18,7 +18,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +26,13 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from minigpt.device.config import DeviceConfig
-from minigpt.device.probe import MatmulProbe, cpu_matmul_probe, measure_matmul_flops, synchronize, time_sdpa
+from minigpt.device.probe import (
+    MatmulProbe,
+    cpu_matmul_probe,
+    cpu_sdpa_probe,
+    measure_matmul_flops,
+    synchronize,
+)
 from minigpt.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -72,15 +78,16 @@ class Runtime:
     def type(self) -> str:
         return self.device.type
 
-    def autocast(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self) -> Iterator[None]:
         """The context for forward passes: autocast to `dtype` (nothing in float32), and SDPA's kernel where
         one was chosen."""
-        context = contextlib.ExitStack()
-        if self.dtype != torch.float32:
-            context.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
-        if self.attention_kernel is not None:
-            context.enter_context(sdpa_kernel(self.attention_kernel))
-        return context
+        with contextlib.ExitStack() as context:
+            if self.dtype != torch.float32:
+                context.enter_context(torch.autocast(device_type=self.device.type, dtype=self.dtype))
+            if self.attention_kernel is not None:
+                context.enter_context(sdpa_kernel(self.attention_kernel))
+            yield
 
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A loss scaler, enabled only for float16 (a disabled scaler is a no-op with the same API)."""
@@ -141,21 +148,22 @@ def choose_cpu_dtype(probe: MatmulProbe) -> tuple[torch.dtype, str]:
 SDPA_MATH_MIN_SPEEDUP = 1.2
 
 
-def choose_cpu_attention(times: dict[str, float]) -> tuple[SDPBackend | None, str]:
+def choose_cpu_attention(times: dict[str, float], source: str = "measured") -> tuple[SDPBackend | None, str]:
     """SDPA's kernel for a CPU run from `probe.time_sdpa`'s seconds ("fused", "math"), and why. On a CPU the
     fused (flash) kernel is made for long sequences; at a small model's few heads of 32 channels in bf16 the
     plain matmuls and softmax of the math kernel can be faster."""
     fused, math_kernel = times["fused"], times["math"]
-    why = f"forward and backward {fused * 1e3:.2f} ms fused, {math_kernel * 1e3:.2f} ms math"
+    why = f"{source}: forward and backward {fused * 1e3:.2f} ms fused, {math_kernel * 1e3:.2f} ms math"
     if fused >= SDPA_MATH_MIN_SPEEDUP * math_kernel:
         return SDPBackend.MATH, f"SDPA's math kernel ({why})"
     return None, f"SDPA's fused kernel ({why})"
 
 
-def with_cpu_attention(runtime: Runtime, shape: tuple[int, int, int, int, int],
-                       timer: Callable[..., dict[str, float]] = time_sdpa) -> Runtime:
-    """`runtime` with SDPA's kernel measured for attention of `shape` (see `probe.time_sdpa`), on a CPU."""
-    kernel, why = choose_cpu_attention(timer(shape, runtime.dtype, runtime.device))
+def with_cpu_attention(runtime: Runtime, shape: tuple[int, int, int, int, int], cache_dir: Path | None,
+                       probe: Callable[..., tuple[dict[str, float], str]] = cpu_sdpa_probe) -> Runtime:
+    """`runtime` with SDPA's kernel for attention of `shape` on a CPU, from the probe's seconds (measured
+    once per machine and shape, and cached in `cache_dir`: see `probe.cpu_sdpa_probe`)."""
+    kernel, why = choose_cpu_attention(*probe(cache_dir, shape, runtime.dtype))
     log.info("attention: %s", why)
     return dataclasses.replace(runtime, attention_kernel=kernel)
 

@@ -241,9 +241,9 @@ class MuonAdamW(torch.optim.Optimizer):
         updates: list[torch.Tensor] = list(blocks)  # each replaced by its update below
         for shape, js in by_shape.items():
             moment = None if moments[js[0]] is None else torch.stack([moments[j] for j in js])  # (k, r, 1)
-            stack = self._block_update(torch.stack([blocks[j] for j in js]), moment, group)  # (k, r, n)
+            stack = self._block_update(torch.stack([blocks[j] for j in js]), moment, group) * _factor(*shape)
             for slot, j in enumerate(js):
-                updates[j] = stack[slot] * _factor(*shape)
+                updates[j] = stack[slot]  # (r, n)
                 if moment is not None:
                     moments[j].copy_(moment[slot])  # the state keeps its own tensors
         return [torch.cat([u for u, o in zip(updates, owner, strict=True) if o == i])

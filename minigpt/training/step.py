@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -39,12 +40,13 @@ def grad_accum_steps(tc: TrainerConfig, block_size: int, world_size: int) -> int
 
 def with_attention_kernel(runtime: Runtime, cfg: TrainConfig, world_size: int) -> Runtime:
     """The runtime the steps run under: on a CPU, in one process, with SDPA's kernel chosen for the run's
-    attention shape (device/runtime.py `with_cpu_attention`); elsewhere as it is (torch's choice)."""
+    attention shape (device/runtime.py `with_cpu_attention`, kept in the data cache folder so that every run
+    of this shape on this machine makes the same choice); elsewhere as it is (torch's choice)."""
     m = cfg.model
     if runtime.type != "cpu" or m.attention != "sdpa" or world_size > 1:
         return runtime
     shape = (cfg.trainer.batch_size, m.n_head, m.kv_heads, m.block_size, m.head_dim)
-    return with_cpu_attention(runtime, shape)
+    return with_cpu_attention(runtime, shape, Path(cfg.data.cache_dir))
 
 
 def accumulate_gradients(
