@@ -133,8 +133,8 @@ def test_a_resumed_run_that_diverges_leaves_the_healthy_checkpoint_and_names_it(
     # every group's lr far too high (the AdamW groups' and Muon's), and a tight ratio: the soft-capped logits
     # bound the loss below 10x the best, so the first steps after the resume diverge by passing twice the best
     result = run_script("train", [*common, "trainer.resume=auto", "optim.lr=1e3", "optim.muon_lr=1e3",
-                                  "trainer.divergence_ratio=2", "trainer.max_steps=40", "trainer.ckpt_every=2",
-                                  "logging.log_every=4"], capsys)
+                                  "trainer.divergence_ratio=2", "trainer.max_steps=40",
+                                  "trainer.ckpt_every=2", "logging.log_every=4"], capsys)
     assert result.code == 2 and len(result.err_lines) == 1, result.err
     line = result.err_lines[0]
     assert re.search(r"the training loss (exploded|became non-finite \(NaN or inf\)) at step \d+", line), line
