@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from minigpt.checkpoint import format as ckpt
 from minigpt.cli import to_object
 from minigpt.data.shards import ShardWriter
+from minigpt.device.probe import CACHE_FILE as PROBE_CACHE
 from minigpt.interop.config import ExportConfig
 from minigpt.interop.export import export
 from minigpt.runs.train import train
@@ -461,7 +462,9 @@ def test_bad_input_fails_with_one_clear_line(case: str, world: Path, tmp_path: P
     line = result.err_lines[0]
     assert line.startswith("error: ") and needle in line, line
     assert "Traceback" not in result.err + result.out
-    changed = [p for p, digest in before.items() if after.get(p) != digest]
+    # the machine's probe cache may gain an entry (a shape measured for the first time): a cache, not a file
+    # of the user's, and rewritten whole or not at all
+    changed = [p for p, digest in before.items() if after.get(p) != digest and Path(p).name != PROBE_CACHE]
     assert not changed, changed
     assert run_after == run_before  # the finished run: not one file added, changed or removed
     rows = [key for key, cases in ROWS.items() if case in cases]
