@@ -20,10 +20,12 @@ import logging
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +104,6 @@ def time_sdpa(shape: tuple[int, int, int, int, int], dtype: torch.dtype, device:
     "math", its explicit one, timed alternately after one untimed call each, so that a machine that slows
     down slows both. On a CPU which is faster depends on the shape, the dtype and the CPU: a run measures.
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     b, h, h_kv, t, d = shape
     gen = torch.Generator().manual_seed(0)  # its own generator: the training RNG stream stays untouched
     q, k, v = (torch.randn(b, heads, t, d, generator=gen).to(device, dtype).requires_grad_()
@@ -190,30 +190,22 @@ def cpu_matmul_probe(cache_dir: Path | None) -> MatmulProbe:
     shared by several machines, or an upgraded torch, gets a fresh measurement. A missing, unreadable or
     damaged cache is measured again; a folder that cannot be written costs only the re-measurement next time.
     """
-    key = machine_key()
-    path = cache_dir / CACHE_FILE if cache_dir is not None else None
-    entries = _read_cache(path)
-    if key in entries:
+
+    def measure() -> dict[str, float]:
+        cpu, threads = torch.device("cpu"), torch.get_num_threads()
+        # On one thread: the ratio is a property of a core's units, and a single thread is never stalled
+        # waiting for a sibling thread the OS has descheduled, which on a busy machine can make fp32 read as
+        # slow as emulated bf16 and pick the wrong dtype.
+        torch.set_num_threads(1)
         try:
-            return MatmulProbe(**{**entries[key], "source": "cached"})
-        except TypeError:
-            pass  # an entry of another layout: measure again
-    cpu, threads = torch.device("cpu"), torch.get_num_threads()
-    # On one thread: the ratio is a property of a core's units, and a single thread is never stalled waiting
-    # for a sibling thread the OS has descheduled, which on a busy machine can make fp32 read as slow as
-    # emulated bf16 and pick the wrong dtype.
-    torch.set_num_threads(1)
-    try:
-        probe = MatmulProbe(
-            fp32_flops=measure_matmul_flops(PROBE_N, torch.float32, cpu, PROBE_SECONDS),
-            bf16_flops=measure_matmul_flops(PROBE_N, torch.bfloat16, cpu, PROBE_SECONDS),
-        )
-    finally:
-        torch.set_num_threads(threads)
-    if path is not None:
-        entries[key] = {k: v for k, v in asdict(probe).items() if k != "source"}
-        _write_cache(path, entries)
-    return probe
+            return {"fp32_flops": measure_matmul_flops(PROBE_N, torch.float32, cpu, PROBE_SECONDS),
+                    "bf16_flops": measure_matmul_flops(PROBE_N, torch.bfloat16, cpu, PROBE_SECONDS),
+                    "n": PROBE_N}
+        finally:
+            torch.set_num_threads(threads)
+
+    rates, source = _cached(cache_dir, machine_key(), {"fp32_flops", "bf16_flops", "n"}, measure)
+    return MatmulProbe(**rates, source=source)
 
 
 def cpu_sdpa_probe(cache_dir: Path | None, shape: tuple[int, int, int, int, int], dtype: torch.dtype,
@@ -223,16 +215,24 @@ def cpu_sdpa_probe(cache_dir: Path | None, shape: tuple[int, int, int, int, int]
     the choice they decide changes how a run rounds: a run that resumes, or one run beside another, must
     make the one its predecessor made on this machine, whatever the load when each started."""
     key = f"{machine_key()} | sdpa {'x'.join(map(str, shape))} {str(dtype).removeprefix('torch.')}"
+    return _cached(cache_dir, key, {"fused", "math"}, lambda: timer(shape, dtype, torch.device("cpu")))
+
+
+def _cached(cache_dir: Path | None, key: str, fields: set[str], measure: Callable[[], dict[str, float]]
+            ) -> tuple[dict[str, float], str]:
+    """The numbers kept under `key` in `cache_dir`/device_probe.json, where an entry with exactly `fields`
+    is there ("cached"), else `measure()`'s, written there ("measured"); an entry of another layout is
+    measured again."""
     path = cache_dir / CACHE_FILE if cache_dir is not None else None
     entries = _read_cache(path)
-    cached = entries.get(key)
-    if isinstance(cached, dict) and set(cached) == {"fused", "math"}:
-        return cached, "cached"
-    times = timer(shape, dtype, torch.device("cpu"))
+    kept = entries.get(key)
+    if isinstance(kept, dict) and set(kept) == fields:
+        return kept, "cached"
+    numbers = measure()
     if path is not None:
-        entries[key] = times
+        entries[key] = numbers
         _write_cache(path, entries)
-    return times, "measured"
+    return numbers, "measured"
 
 
 def _read_cache(path: Path | None) -> dict:
