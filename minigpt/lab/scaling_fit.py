@@ -59,14 +59,25 @@ class LossLaw:
         return self.E + self.A / np.power(n, self.alpha) + self.B / np.power(d, self.beta)
 
     def optimum(self, flops: float) -> tuple[float, float]:
-        """(N_opt, D_opt) at C = 6 N D = `flops` (see the module docstring)."""
+        """(N_opt, D_opt) at C = 6 N D = `flops` (see the module docstring). A fit whose size term vanishes
+        (alpha A = 0: size does not matter) puts all compute into data, N -> 0 and D -> inf; one whose data
+        term vanishes the other way round; with neither term there is no optimum (nan, nan)."""
         a, b = self.alpha, self.beta
-        g = (a * self.A / (b * self.B)) ** (1 / (a + b))
-        return g * (flops / 6) ** (b / (a + b)), (flops / 6) ** (a / (a + b)) / g
+        size_pull, data_pull = a * self.A, b * self.B
+        if size_pull == 0 and data_pull == 0:
+            return math.nan, math.nan
+        if size_pull == 0:
+            return 0.0, math.inf
+        if data_pull == 0:
+            return math.inf, 0.0
+        log_g = (math.log(size_pull) - math.log(data_pull)) / (a + b)  # in logs: G can overflow a float
+        log_c = math.log(flops / 6)
+        with np.errstate(over="ignore"):
+            return float(np.exp(log_g + log_c * b / (a + b))), float(np.exp(log_c * a / (a + b) - log_g))
 
     def tokens_per_param(self, flops: float) -> float:
         n, d = self.optimum(flops)
-        return d / n
+        return math.inf if n == 0 else d / n  # inf / inf (both unbounded) stays nan: no optimum
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -136,7 +147,15 @@ def bootstrap(n, d, loss, law: LossLaw, repeats: int,
 
 
 def interval(values, confidence: float = 0.95) -> tuple[float, float]:
-    """The percentile interval of `values` (the bootstrap's)."""
-    tail = 100 * (1 - confidence) / 2
-    low, high = np.percentile(np.asarray(values, dtype=float), [tail, 100 - tail])
-    return float(low), float(high)
+    """The percentile interval of `values` (the bootstrap's), interpolating linearly between the order
+    statistics as numpy's default does. An end that reaches an infinite value (a refit whose optimum runs off
+    to an edge) is infinite: the runs do not bound it. (numpy's own interpolation gives nan there.)"""
+    ordered = np.sort(np.asarray(values, dtype=float))
+    tail = (1 - confidence) / 2
+    ends = []
+    for q in (tail, 1 - tail):
+        position = q * (len(ordered) - 1)
+        below, above = ordered[math.floor(position)], ordered[math.ceil(position)]
+        t = position - math.floor(position)
+        ends.append(float(below) if below == above or t == 0 else float(below + t * (above - below)))
+    return ends[0], ends[1]

@@ -84,6 +84,29 @@ def test_the_compute_optimal_split_minimises_the_loss_at_fixed_compute():
         assert TRUE.tokens_per_param(flops) == pytest.approx(d_opt / n_opt)
 
 
+def test_a_law_without_a_size_or_data_term_puts_all_compute_on_the_other_side():
+    flops = 1e12
+    no_size = scaling_fit.LossLaw(E=1.8, A=400.0, alpha=0.0, B=600.0, beta=0.35)  # alpha A = 0
+    no_data = scaling_fit.LossLaw(E=1.8, A=400.0, alpha=0.4, B=600.0, beta=0.0)
+    sizes = np.geomspace(1e3, 1e10, 50)
+    assert np.all(np.diff(no_size(sizes, flops / (6 * sizes))) > 0)  # fewer parameters, lower loss
+    assert np.all(np.diff(no_data(sizes, flops / (6 * sizes))) < 0)  # more parameters, lower loss
+    assert no_size.optimum(flops) == (0.0, math.inf) and no_size.tokens_per_param(flops) == math.inf
+    assert no_data.optimum(flops) == (math.inf, 0.0) and no_data.tokens_per_param(flops) == 0.0
+    neither = scaling_fit.LossLaw(E=1.8, A=400.0, alpha=0.0, B=600.0, beta=0.0)
+    assert math.isnan(neither.tokens_per_param(flops))
+    steep = scaling_fit.LossLaw(E=1.8, A=1e200, alpha=0.01, B=1e-200, beta=0.01)  # G beyond a float
+    assert steep.optimum(flops) == (math.inf, 0.0)
+
+
+def test_an_interval_reaching_an_unbounded_refit_is_unbounded_on_that_side():
+    values = np.random.default_rng(3).lognormal(size=20)
+    assert scaling_fit.interval(values) == pytest.approx(tuple(np.percentile(values, [2.5, 97.5])))
+    low, high = scaling_fit.interval([*values, math.inf])  # numpy's interpolation: nan at the top
+    assert high == math.inf and low == pytest.approx(np.percentile([*values, 1e300], 2.5))
+    assert scaling_fit.interval([math.inf] * 3) == (math.inf, math.inf)
+
+
 def test_the_bootstrap_resamples_runs_and_its_intervals_are_percentiles():
     n, d, loss = ladder_data(noise=0.003)
     law = scaling_fit.fit_law(n, d, loss)
@@ -171,6 +194,21 @@ def test_the_ladder_fits_predicts_then_trains_the_held_out_points(tmp_path: Path
     profile = [p for p in report["points"] if p["flops"] == 6e11]
     assert measured == [(p["params"], pytest.approx(p["val_loss"], rel=1e-6)) for p in profile]
     assert events.Tags()["images"] == [scaling_report.TAGS["figure"]]
+
+
+def test_a_refit_that_drops_the_size_term_leaves_the_optimum_unbounded_in_the_report(tmp_path: Path,
+                                                                                      monkeypatch):
+    fake = FakeTraining(monkeypatch, tmp_path)
+    ladder = scaling.run_ladder(scaling.ladder_points(PROFILES, HELD_OUT), [1337, 1338], tmp_path, fake.score,
+                                repeats=20)
+    flat = scaling_fit.LossLaw(E=2.0, A=3.0, alpha=0.0, B=600.0, beta=0.35)  # a resample can fit this
+    ladder.fits.append((flat, np.zeros(4)))
+    report = scaling_report.build_report(ladder, {"params": 787_296, "tokens": 2_252_800})
+    assert all(o["interval"][1] == math.inf and math.isfinite(o["tokens_per_param"]) for o in report["optimal"])
+    assert json.loads(json.dumps(report))["optimal"][0]["interval"][1] == math.inf
+    block = scaling_report.render_block(report, "scaling.png")
+    assert "to inf) |" in block
+    scaling_report.scaling_figure(report)  # the band's unbounded top is drawn, not a crash
 
 
 def test_without_training_runs_trained_by_hand_are_scored_the_held_out_ones_after_the_prediction(
