@@ -204,7 +204,8 @@ def test_a_refit_that_drops_the_size_term_leaves_the_optimum_unbounded_in_the_re
     flat = scaling_fit.LossLaw(E=2.0, A=3.0, alpha=0.0, B=600.0, beta=0.35)  # a resample can fit this
     ladder.fits.append((flat, np.zeros(4)))
     report = scaling_report.build_report(ladder, {"params": 787_296, "tokens": 2_252_800})
-    assert all(o["interval"][1] == math.inf and math.isfinite(o["tokens_per_param"]) for o in report["optimal"])
+    optimal = report["optimal"]
+    assert all(o["interval"][1] == math.inf and math.isfinite(o["tokens_per_param"]) for o in optimal)
     assert json.loads(json.dumps(report))["optimal"][0]["interval"][1] == math.inf
     block = scaling_report.render_block(report, "scaling.png")
     assert "to inf) |" in block
