@@ -41,7 +41,8 @@ from minigpt.lab.bench.format import table
 from minigpt.lab.bench.format import x as _x
 from minigpt.lab.bench.techniques import default_model_step
 from minigpt.model.config import ModelConfig
-from minigpt.training.config import TrainerConfig
+from minigpt.training.config import TrainConfig, TrainerConfig
+from minigpt.training.step import with_attention_kernel
 
 SETTINGS = ("measured", "fixed")
 BUSY_LOOP = "while True: pass"
@@ -87,6 +88,7 @@ def bench_busy(quick: bool = False, steps: int = 60, repeats: int = 3) -> dict:
     if quick:
         steps, repeats = 6, 1
     runtime = resolve_runtime(DeviceConfig(type="cpu"), probe_cache=Path(DataConfig().cache_dir))
+    runtime = with_attention_kernel(runtime, TrainConfig(), 1)  # as the trainer runs the default's attention
     cfg, tc, vocab = ModelConfig(), TrainerConfig(), TokenizerConfig().bpe_vocab_size
     gen = torch.Generator().manual_seed(0)
     batches = torch.randint(0, vocab, (8, tc.batch_size, cfg.block_size + 1), generator=gen)  # (8, B, T + 1)

@@ -24,9 +24,9 @@ from minigpt.fast.timing import interleave
 from minigpt.model.config import ModelConfig
 from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget
-from minigpt.training.config import OptimConfig, TrainerConfig
+from minigpt.training.config import OptimConfig, TrainConfig, TrainerConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
-from minigpt.training.step import accumulate_gradients, optimizer_step
+from minigpt.training.step import accumulate_gradients, optimizer_step, with_attention_kernel
 
 # contender -> (ModelConfig overrides, OptimConfig overrides)
 TECHNIQUES: dict[str, tuple[dict, dict]] = {
@@ -74,6 +74,7 @@ def bench_techniques(device: torch.device, quick: bool = False, repeats: int = 2
     """Median seconds per step of each contender (interleaved calls of `steps_per_call` steps) and the
     ratio to the default's, in wall time and in this process's CPU time."""
     runtime = resolve_runtime(DeviceConfig(type=device.type), probe_cache=Path(DataConfig().cache_dir))
+    runtime = with_attention_kernel(runtime, TrainConfig(), 1)  # every contender's attention has this shape
     cfg, tc = ModelConfig(), TrainerConfig()
     if quick:
         repeats, steps_per_call = 3, 2

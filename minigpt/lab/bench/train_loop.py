@@ -20,9 +20,9 @@ from minigpt.device.runtime import datasheet_tflops, peak_flops, resolve_runtime
 from minigpt.lab.bench.reference import gpt2_like_config
 from minigpt.model.factory import build_model
 from minigpt.training.budget import Budget
-from minigpt.training.config import OptimConfig
+from minigpt.training.config import OptimConfig, TrainConfig, TrainerConfig
 from minigpt.training.optim import LRSchedule, build_optimizer
-from minigpt.training.step import accumulate_gradients, optimizer_step
+from minigpt.training.step import accumulate_gradients, optimizer_step, with_attention_kernel
 
 GPT2_SMALL = {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50304, "block_size": 1024}
 SMOKE = {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 512, "block_size": 64}
@@ -40,7 +40,8 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     # exact GELU by default; GPT-2's tanh form costs the same
     cfg = dataclasses.replace(gpt2_like_config(**shape), attention="sdpa")
     device_cfg = DeviceConfig(type=device.type, dtype=dtype, compile=compile_)
-    runtime = resolve_runtime(device_cfg)
+    run = TrainConfig(model=cfg, trainer=dataclasses.replace(TrainerConfig(), batch_size=batch_size))
+    runtime = with_attention_kernel(resolve_runtime(device_cfg), run, 1)  # the kernel the trainer would pick
     torch.manual_seed(0)
     model = build_model(cfg).to(runtime.device)
     train_model = torch.compile(model) if runtime.compile else model
