@@ -3,7 +3,7 @@
 A decode step attends with one new query per row over the cached keys. That is small, and which kernel runs
 it with the least overhead depends on the dtype, the cache's length and whether the step is compiled (the
 library's kernels are built for many queries, and under compilation a one-query call can cost more than the
-eager one). The candidates, each a function the model can be handed (`GPT.use_decode_attention`):
+eager one). The candidates, each a function the model's layers can be handed (`hand_attention`):
 
     sdpa      torch's fused kernel (the model's own backend by default)
     math      the scores, the softmax and the weighted sum as three ops
@@ -29,6 +29,7 @@ from minigpt.fast.streamed import streamed_attention
 from minigpt.fast.timing import MIN_SPEEDUP, interleaved_best
 from minigpt.model.attention import OneQueryAttention, math_attention, sdpa_attention
 from minigpt.model.config import ModelConfig
+from minigpt.model.gpt import GPT
 
 EAGER_BACKENDS = ("sdpa", "math")  # the backends an eager step can use (`online` is for teaching)
 COMPILED_BACKENDS = (*EAGER_BACKENDS, "streamed")
@@ -39,6 +40,14 @@ ONE_QUERY: dict[str, OneQueryAttention] = {
     "math": lambda q, k, v, mask, scale=None: math_attention(q, k, v, mask, False, None, scale)[0],
     "streamed": streamed_attention,
 }
+
+
+def hand_attention(model: GPT, backend: str | None) -> None:
+    """Hand every layer of `model` the one-query attention of `backend` (one of ONE_QUERY) for its decode
+    steps, through the hook model/attention.py leaves for it (`decode_attention`); None: each layer's own."""
+    attend = None if backend is None else ONE_QUERY[backend]
+    for block in model.transformer.h:
+        block.attn.decode_attention = attend
 
 
 def cache_lengths(block_size: int) -> list[int]:

@@ -40,7 +40,7 @@ from minigpt.fast.kept import Kept, StepCache
 from minigpt.fast.step import DecodeStep, Plan, build_step
 from minigpt.model.gpt import GPT
 from minigpt.model.kv_cache import KVCache
-from minigpt.sampling.decode import decode_forward
+from minigpt.sampling.decode import decode_forward, prefill
 
 log = logging.getLogger(__name__)
 
@@ -66,13 +66,12 @@ def _inputs(tokens: torch.Tensor, cache: KVCache) -> tuple:
 def export_step(step: DecodeStep, rows: int) -> torch.export.ExportedProgram:
     """`step`'s model's decode step for `rows` rows, exported with the cache length free."""
     model = step.model
-    cache = model.new_kv_cache(rows)
-    cache.length = 2  # an example length (0 and 1 would be specialised on)
-    tokens = torch.zeros(rows, 1, dtype=torch.long, device=cache.device)
-    n_layer = model.config.n_layer
-    length = torch.export.Dim("length", min=1, max=cache.max_len - 1)
-    dynamic = (None, {0: length}, None, [None] * n_layer, [None] * n_layer)
     with torch.no_grad(), OneDNN(step.plan.onednn):
+        cache, _ = prefill(model, [[0, 0]] * rows)  # an example: two tokens cached (0, 1 are specialised on)
+        tokens = torch.zeros(rows, 1, dtype=torch.long, device=cache.device)
+        n_layer = model.config.n_layer
+        length = torch.export.Dim("length", min=1, max=cache.max_len - 1)
+        dynamic = (None, {0: length}, None, [None] * n_layer, [None] * n_layer)
         return torch.export.export(_Program(model), _inputs(tokens, cache), dynamic_shapes=dynamic)
 
 

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from minigpt.device.runtime import compile_problem
-from minigpt.fast.attention import ONE_QUERY
+from minigpt.fast.attention import hand_attention
 from minigpt.fast.compiler import OneDNN, compile_own, frozen_inductor
 from minigpt.fast.layouts import lay_out
 from minigpt.model.gpt import GPT
@@ -103,5 +103,5 @@ def build_step(model: GPT, plan: Plan, rows: int = 1) -> DecodeStep:
     """`model` in eval mode, laid out for `rows` rows and handed its decode attention as `plan` says (in
     place), and the step that runs it."""
     lay_out(model.eval(), plan.layout, rows, plan.head_layout)
-    model.use_decode_attention(None if plan.attention is None else ONE_QUERY[plan.attention])
+    hand_attention(model, plan.attention)
     return DecodeStep(model, plan)

@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minigpt.model.attention import OneQueryAttention
 from minigpt.model.block import Block
 from minigpt.model.chunked_loss import linear_cross_entropy
 from minigpt.model.config import ModelConfig
@@ -210,12 +209,6 @@ class GPT(nn.Module):
         """idx (B, T) -> (B, T, C): the rows of `wte`, normalised with model.embed_norm (ln_e)."""
         x = self.transformer.wte(idx)  # (B, T, C)
         return self.transformer.ln_e(x) if "ln_e" in self.transformer else x
-
-    def use_decode_attention(self, attend: OneQueryAttention | None) -> None:
-        """Let every layer's decode step (one new query per row on a KV cache) attend with `attend`, a
-        function that computes the same attention (attention.py); None: each layer's own backend."""
-        for block in self.transformer.h:
-            block.attn.decode_attention = attend
 
     @torch.no_grad()
     def attention_probs(self, idx: torch.Tensor) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from model_helpers import tiny_config
 
+from minigpt.fast import attention as fast_attention
 from minigpt.fast.attention import ONE_QUERY
 from minigpt.fast.layouts import lay_out
 from minigpt.fast.packed import PackedLinear
@@ -123,11 +124,10 @@ def test_a_handed_decode_attention_serves_one_query_steps_only(monkeypatch) -> N
     one query per row on the cache uses the one handed in."""
     calls = []
     math = attention_module.math_attention
-    monkeypatch.setattr(attention_module, "math_attention",
+    monkeypatch.setattr(fast_attention, "math_attention",  # the name the handed `math` backend calls
                         lambda q, *a, **k: calls.append(q.shape[2]) or math(q, *a, **k))
     model = _tiny()
-    model.use_decode_attention(lambda q, k, v, mask, scale: attention_module.math_attention(
-        q, k, v, mask, False, None, scale)[0])
+    fast_attention.hand_attention(model, "math")
     assert model.config.attention == "sdpa"
     cache = model.new_kv_cache(1)
     with torch.no_grad():
@@ -136,7 +136,7 @@ def test_a_handed_decode_attention_serves_one_query_steps_only(monkeypatch) -> N
         model(torch.tensor([[7, 8]]), kv_cache=cache)  # two queries at once: sdpa
         model(torch.tensor([[9]]))  # one token without a cache is not a decode step: sdpa
     assert calls == [1, 1]
-    model.use_decode_attention(None)
+    fast_attention.hand_attention(model, None)
     with torch.no_grad():
         model(torch.tensor([[10]]), kv_cache=cache)
     assert calls == [1, 1]
