@@ -18,7 +18,10 @@ many queries at once, and for one query their 16-bit paths are slowest.
 
 Two details keep the generated loops pure streams:
 - The input is made a real buffer first (`as_strided` onto itself, free eagerly): otherwise Inductor may
-  recompute whatever made it (a norm, an activation, a rotation) inside the loop, once per output.
+  recompute whatever made it (a norm, an activation, a rotation) inside the loop, once per output. It is
+  made contiguous before: `as_strided` reads its strides against the storage Inductor realises, and a view
+  (the query, a slice of the fused q, k, v projection) has strides of the larger tensor it came from, so
+  every row but the first would read memory that is not its own.
 - The sums accumulate in float32 whatever the weights' dtype (as the library's 16-bit kernels do), and the
   result is cast back.
 
@@ -54,7 +57,8 @@ class StreamedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
-        x = x.as_strided(x.shape, x.stride())  # a buffer of its own in the graph (see the module docstring)
+        x = x.contiguous()  # then a buffer of its own in the graph (see the module docstring)
+        x = x.as_strided(x.shape, x.stride())
         y = (x.unsqueeze(-2) * self.weight).sum(-1, dtype=torch.float32).to(x.dtype)  # (..., out)
         return y if self.bias is None else y + self.bias
 
@@ -83,7 +87,9 @@ def streamed_attention(
     H_kv = k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dtype = q.dtype
-    # a buffer of its own (see the module docstring), in float32: the products with k and v are promoted too
+    # contiguous, then a buffer of its own (see the module docstring), in float32: the products with k and
+    # v are promoted too
+    q = q.contiguous()
     q = q.as_strided(q.shape, q.stride()).float()
     q = q.reshape(B, H_kv, H // H_kv, 1, D)  # (B, H_kv, n_rep, 1, D): the query heads sharing each K/V head
     scores = (q * k.unsqueeze(2)).sum(-1) * scale  # (B, H_kv, n_rep, S)

@@ -110,3 +110,24 @@ def test_compiled_streamed_attention_is_generated_code_with_the_formula_s_result
     sdpa = lambda q, k, v, mask: torch.nn.functional.scaled_dot_product_attention(q, k, v, mask,
                                                                                   enable_gqa=True)
     assert _extern_kernels(sdpa, q, k, v, mask)[1] >= 1
+
+
+@pytest.mark.slow
+def test_compiled_on_a_slice_of_a_streamed_projection_every_row_reads_its_own_query() -> None:
+    """In a model the query is a view into the fused q/k/v projection's output (here a StreamedLinear's with
+    a bias, as in GPT-2's block): its strides step over the keys and values. Compiled, each row must read its
+    own query; before both layers made their input contiguous, the second row read other memory."""
+    _, k, v, mask = _one_query(2, torch.float32)
+    qkv = StreamedLinear.from_linear(_linear(3 * 32, 16, True, torch.float32))  # (B, 1, C) -> (B, 1, 3HD)
+    x = torch.randn(2, 1, 16, generator=torch.Generator().manual_seed(4))
+
+    def attend(x, k, v, mask):
+        q = qkv(x)[..., :32].view(2, 1, 4, 8).transpose(1, 2)  # (B, H, 1, D): the q of q, k, v
+        return streamed_attention(q, k, v, mask)
+
+    with torch.no_grad():
+        q = qkv(x)[..., :32].view(2, 1, 4, 8).transpose(1, 2)
+        torch._dynamo.reset()
+        got = torch.compile(attend, dynamic=True)(x, k, v, mask)
+    torch.testing.assert_close(got.double(), _attention_in_float64(q, k, v, mask, 1 / math.sqrt(8)),
+                               atol=1e-5, rtol=1e-5)
