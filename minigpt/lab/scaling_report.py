@@ -45,7 +45,7 @@ def point_rows(rows: list[tuple[str, RunRecord]], held_out: bool) -> list[dict]:
 
 def optimum(law: LossLaw, fits, flops: float) -> dict:
     n, d = law.optimum(flops)
-    return {"flops": flops, "params": n, "tokens": d, "tokens_per_param": d / n,
+    return {"flops": flops, "params": n, "tokens": d, "tokens_per_param": law.tokens_per_param(flops),
             "interval": interval([f.tokens_per_param(flops) for f, _ in fits], CONFIDENCE)}
 
 

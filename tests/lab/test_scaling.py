@@ -210,6 +210,10 @@ def test_a_refit_that_drops_the_size_term_leaves_the_optimum_unbounded_in_the_re
     block = scaling_report.render_block(report, "scaling.png")
     assert "to inf) |" in block
     scaling_report.scaling_figure(report)  # the band's unbounded top is drawn, not a crash
+    ladder.law = flat  # the fit itself without a size term: its optimum unbounded too, in words
+    report = scaling_report.build_report(ladder, {"params": 787_296, "tokens": 2_252_800})
+    assert report["optimal"][0]["tokens_per_param"] == math.inf and report["optimal"][0]["params"] == 0
+    assert "| 0 | inf | inf (" in scaling_report.render_block(report, "scaling.png")
 
 
 def test_without_training_runs_trained_by_hand_are_scored_the_held_out_ones_after_the_prediction(
