@@ -77,7 +77,7 @@ class LossLaw:
 
     def tokens_per_param(self, flops: float) -> float:
         n, d = self.optimum(flops)
-        return math.inf if n == 0 else d / n  # inf / inf (both unbounded) stays nan: no optimum
+        return math.inf if n == 0 else d / n  # N -> 0: unbounded; no optimum (nan) stays nan
 
     def to_dict(self) -> dict:
         return asdict(self)
