@@ -39,6 +39,12 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def _own_buffer(x: torch.Tensor) -> torch.Tensor:
+    """`x` as a buffer of its own in a compiled graph, contiguous first (see the module docstring)."""
+    x = x.contiguous()
+    return x.as_strided(x.shape, x.stride())
+
+
 class StreamedLinear(nn.Module):
     """x (..., in) -> (..., out), like the nn.Linear it was made from (`from_linear`), computed as a streaming
     reduction under torch.compile and by F.linear otherwise. Parameters: the linear's own `weight` (out, in)
@@ -57,8 +63,7 @@ class StreamedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.compiler.is_compiling():
             return F.linear(x, self.weight, self.bias)
-        x = x.contiguous()  # then a buffer of its own in the graph (see the module docstring)
-        x = x.as_strided(x.shape, x.stride())
+        x = _own_buffer(x)
         y = (x.unsqueeze(-2) * self.weight).sum(-1, dtype=torch.float32).to(x.dtype)  # (..., out)
         return y if self.bias is None else y + self.bias
 
@@ -87,10 +92,7 @@ def streamed_attention(
     H_kv = k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     dtype = q.dtype
-    # contiguous, then a buffer of its own (see the module docstring), in float32: the products with k and
-    # v are promoted too
-    q = q.contiguous()
-    q = q.as_strided(q.shape, q.stride()).float()
+    q = _own_buffer(q).float()  # in float32: the products with k and v are promoted too
     q = q.reshape(B, H_kv, H // H_kv, 1, D)  # (B, H_kv, n_rep, 1, D): the query heads sharing each K/V head
     scores = (q * k.unsqueeze(2)).sum(-1) * scale  # (B, H_kv, n_rep, S)
     if mask is not None:
