@@ -4,6 +4,7 @@ on how fast this machine is."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
-from minigpt.device.probe import CACHE_FILE, cpu_matmul_probe, cpu_sdpa_probe, time_sdpa
+from minigpt.device.probe import CACHE_FILE, cpu_sdpa_probe, time_sdpa
 from minigpt.device.runtime import SDPA_MATH_MIN_SPEEDUP, Runtime, choose_cpu_attention, with_cpu_attention
 from minigpt.model.attention import math_attention
 
@@ -70,6 +71,8 @@ def test_the_timings_are_cached_per_machine_shape_and_dtype(tmp_path) -> None:
     assert cpu_sdpa_probe(tmp_path, (8, 3, 3, 128, 32), torch.float32, timer)[1] == "measured"
     assert cpu_sdpa_probe(tmp_path, (8, 3, 3, 256, 32), torch.bfloat16, timer)[1] == "measured"
     assert len(calls) == 3
-    assert cpu_matmul_probe.__module__ == cpu_sdpa_probe.__module__  # one cache file for both probes
+    kept = json.loads((tmp_path / CACHE_FILE).read_text())  # the matmul probe's file, one entry per shape
+    assert sorted(k.split(" | sdpa ")[1] for k in kept) == ["8x3x3x128x32 bfloat16", "8x3x3x128x32 float32",
+                                                           "8x3x3x256x32 bfloat16"]
     (tmp_path / CACHE_FILE).write_text("{half a file")
     assert cpu_sdpa_probe(tmp_path, (8, 3, 3, 128, 32), torch.bfloat16, timer)[1] == "measured"  # damaged
