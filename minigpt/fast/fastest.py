@@ -38,7 +38,7 @@ from torch import nn
 
 from minigpt.device.runtime import compile_problem
 from minigpt.fast.attention import AttentionMeasure, choose_attention, time_attention
-from minigpt.fast.gate import first_passing
+from minigpt.fast.gate import first_passing, record_probes
 from minigpt.fast.int8 import int8_compile_problem
 from minigpt.fast.kept import Kept, StepCache, saved_artifacts, weights_digest
 from minigpt.fast.packaged import PackagedStep, package_problem, packaged_candidate, packaged_step
@@ -152,10 +152,12 @@ def _gated_step(model: GPT, rows: int, compile: bool, plan: Plan | None, measure
         plan = replace(plan, compiled=compile)
     step, checked = DecodeStep(model), []
     if plan != DEFAULT:
+        probes = record_probes(model, rows)
         candidates = _candidates(model, plan, rows, twin, notes, measure_steps)
         if package_in is not None:
-            candidates = (packaged_candidate(c, model, rows, package_in) for c in candidates)
-        step, checked = first_passing(model, rows, candidates)
+            example = probes[0].prefilled
+            candidates = (packaged_candidate(c, model, example, package_in) for c in candidates)
+        step, checked = first_passing(model, probes, candidates)
     step.notes = [*notes, *checked, step.name]
     for note in step.notes:
         log.debug("%s", note)

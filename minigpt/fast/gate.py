@@ -18,6 +18,8 @@ and its logits are held against the eager step's (`decode_forward` on the model 
                the eager one wherever the eager logits' best two are more than twice the tolerance apart
                (no entry moved by more than the tolerance); closer than that, rounding alone may swap them
 
+The probes are recorded once, before any candidate is built: a step that is packaged ahead of time
+(packaged.py) is traced on the first probe's prefilled cache, the very inputs it is then held to.
 `first_passing` tries the candidates in order: one that fails is refused with one log line that names it,
 the first that passes is used, and where none does the eager step itself (which needs no check). Each check
 leaves a line, with the error it measured, among the step's notes (the bench reports them).
@@ -33,6 +35,7 @@ import torch
 
 from minigpt.fast.step import DecodeStep
 from minigpt.model.gpt import GPT
+from minigpt.model.kv_cache import KVCache
 from minigpt.sampling.decode import DecodeFn, own_step, prefill
 
 log = logging.getLogger(__name__)
@@ -47,26 +50,28 @@ TOLERANCE = {torch.float32: 1e-3, torch.float16: 0.1, torch.bfloat16: 0.25}
 
 @dataclass
 class Probe:
-    """One probe batch: its rows' prompts, the tokens fed after them and the eager step's logits."""
+    """One probe batch: its rows' prompts, the tokens fed after them, the eager step's logits, and its cache
+    as the prefill left it."""
 
     prompts: list[list[int]]
     tokens: torch.Tensor  # (steps, B) the eager step's greedy tokens, fed to every step in turn
     logits: torch.Tensor  # (steps + 1, B, V) float32: after the prefill, then after each fed token
+    prefilled: KVCache  # B rows, the prompts' slots filled (the fed tokens' rewound)
 
 
 @torch.no_grad()
 def _decode(model: GPT, step: DecodeFn, prompts: list[list[int]],
-            tokens: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor]:
+            tokens: torch.Tensor | int) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
     """`prompts` prefilled by `model`, then `tokens` (steps, B) fed through `step` one row of tokens at a
     time, or, given a number, that many of the greedy tokens of the logits before each. Returns the logits
-    (steps + 1, B, V) in float32 and the tokens fed (steps, B)."""
+    (steps + 1, B, V) in float32, the tokens fed (steps, B) and the cache."""
     cache, last = prefill(model, prompts)
     logits = [last.float()]  # (B, V) each
     fed = []
     for i in range(tokens if isinstance(tokens, int) else len(tokens)):
         fed.append(logits[-1].argmax(-1) if isinstance(tokens, int) else tokens[i])  # (B,)
         logits.append(step(fed[-1].view(-1, 1), cache)[:, -1].float())
-    return torch.stack(logits), torch.stack(fed)
+    return torch.stack(logits), torch.stack(fed), cache
 
 
 def record_probes(model: GPT, rows: int) -> list[Probe]:
@@ -78,8 +83,9 @@ def record_probes(model: GPT, rows: int) -> list[Probe]:
     probes = []
     for lengths in ([length] * rows, [length, max(1, length // 2)]):
         prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=gen).tolist() for n in lengths]
-        logits, tokens = _decode(model, own_step(model), prompts, steps)
-        probes.append(Probe(prompts, tokens, logits))
+        logits, tokens, cache = _decode(model, own_step(model), prompts, steps)
+        cache.rewind(max(lengths))
+        probes.append(Probe(prompts, tokens, logits, cache))
     return probes
 
 
@@ -90,7 +96,7 @@ def check(step: DecodeStep, probes: list[Probe]) -> tuple[bool, str]:
     tolerance = TOLERANCE[dtype]
     worst, where = 0.0, ""
     for probe in probes:
-        got, _ = _decode(step.model, step, probe.prompts, probe.tokens)  # (steps + 1, B, V)
+        got, _, _ = _decode(step.model, step, probe.prompts, probe.tokens)  # (steps + 1, B, V)
         error = ((got - probe.logits).abs().max() / probe.logits.std()).item()
         if not error <= worst:  # NaN too
             padded = " (one left-padded)" if len({len(p) for p in probe.prompts}) > 1 else ""
@@ -102,11 +108,11 @@ def check(step: DecodeStep, probes: list[Probe]) -> tuple[bool, str]:
     return worst <= tolerance, how
 
 
-def first_passing(model: GPT, rows: int, candidates: Iterable[DecodeStep]) -> tuple[DecodeStep, list[str]]:
-    """The first of `candidates` (steps of copies of `model`) that decodes `rows` rows as `model`'s eager step
-    does, else `model`'s eager step; and a line for each candidate checked (a refusal is also logged as a
-    warning)."""
-    probes = record_probes(model, rows)
+def first_passing(model: GPT, probes: list[Probe],
+                  candidates: Iterable[DecodeStep]) -> tuple[DecodeStep, list[str]]:
+    """The first of `candidates` (steps of copies of `model`) that decodes `probes` (`record_probes(model,
+    rows)`) as `model`'s eager step did, else `model`'s eager step; and a line for each candidate checked (a
+    refusal is also logged as a warning)."""
     lines = []
     for candidate in candidates:
         passed, how = check(candidate, probes)

@@ -6,9 +6,10 @@ torch.compile traces a step in every new process, even where Inductor's caches s
 compiled by AOTInductor into a shared library, packaged with the weights it computes with as one `.pt2` file
 (`torch._inductor.aoti_compile_and_package`), which a later process loads back as a callable (`load_package`).
 
-    export_step(step)           the step's exported program: tokens (B, 1) and the cache's tensors in, logits
+    export_step(step, example)  the step's exported program: tokens (B, 1) and the cache's tensors in, logits
                                 (B, 1, V) out; every layer's K/V written into its cache buffer in place
-    package_step(step, path)    that program compiled and written as a package, with the step's settings
+    package_step(step, example, path)
+                                that program compiled and written as a package, with the step's settings
     PackagedStep.loaded(...)    a DecodeStep whose one-token calls run a loaded package
 
 What a package holds, and so what it fixes:
@@ -35,12 +36,12 @@ import torch
 from torch import nn
 
 from minigpt.fast.compiler import FROZEN_INDUCTOR, OneDNN
-from minigpt.fast.gate import first_passing
+from minigpt.fast.gate import first_passing, record_probes
 from minigpt.fast.kept import Kept, StepCache
 from minigpt.fast.step import DecodeStep, Plan, build_step
 from minigpt.model.gpt import GPT
 from minigpt.model.kv_cache import KVCache
-from minigpt.sampling.decode import decode_forward, prefill
+from minigpt.sampling.decode import decode_forward
 
 log = logging.getLogger(__name__)
 
@@ -63,26 +64,26 @@ def _inputs(tokens: torch.Tensor, cache: KVCache) -> tuple:
     return tokens, cache.tokens.new_empty(cache.length), cache.tokens, cache.k, cache.v
 
 
-def export_step(step: DecodeStep, rows: int) -> torch.export.ExportedProgram:
-    """`step`'s model's decode step for `rows` rows, exported with the cache length free."""
-    model = step.model
+def export_step(step: DecodeStep, example: KVCache) -> torch.export.ExportedProgram:
+    """`step`'s model's decode step for as many rows as `example` holds (an unpadded cache filled to at least
+    two slots: export specialises on lengths 0 and 1), exported with the cache length free."""
+    model, cache = step.model, example
     with torch.no_grad(), OneDNN(step.plan.onednn):
-        cache, _ = prefill(model, [[0, 0]] * rows)  # an example: two tokens cached (0, 1 are specialised on)
-        tokens = torch.zeros(rows, 1, dtype=torch.long, device=cache.device)
+        tokens = torch.zeros(cache.batch_size, 1, dtype=torch.long, device=cache.device)
         n_layer = model.config.n_layer
         length = torch.export.Dim("length", min=1, max=cache.max_len - 1)
         dynamic = (None, {0: length}, None, [None] * n_layer, [None] * n_layer)
         return torch.export.export(_Program(model), _inputs(tokens, cache), dynamic_shapes=dynamic)
 
 
-def package_step(step: DecodeStep, rows: int, path: Path) -> Path:
-    """`step` for `rows` rows exported, compiled by AOTInductor with `step`'s settings (frozen or not) and
-    packaged at `path`."""
+def package_step(step: DecodeStep, example: KVCache, path: Path) -> Path:
+    """`step` exported on `example` (see `export_step`), compiled by AOTInductor with `step`'s settings
+    (frozen or not) and packaged at `path`."""
     settings = FROZEN_INDUCTOR if step.plan.frozen else {}
     with warnings.catch_warnings(), OneDNN(step.plan.onednn):
         # export's tree utilities warn about their own deprecated calls, in the middle of the user's output
         warnings.filterwarnings("ignore", ".*treespec, LeafSpec", FutureWarning)
-        program = export_step(step, rows)
+        program = export_step(step, example)
         return Path(torch._inductor.aoti_compile_and_package(program, package_path=str(path),
                                                              inductor_configs=settings))
 
@@ -135,18 +136,22 @@ def package_problem(plan: Plan, device: torch.device) -> str | None:
     return None
 
 
-def packaged_candidate(step: DecodeStep, model: GPT, rows: int, folder: Path) -> DecodeStep:
-    """`step` (compiled, on a prepared copy of `model`) packaged in `folder` and loaded, as a PackagedStep on
-    `model` holding its package's bytes; `step` itself where it is not compiled or cannot be packaged (then
-    one log line says why: it is compiled in every run)."""
+def packaged_candidate(step: DecodeStep, model: GPT, example: KVCache, folder: Path) -> DecodeStep:
+    """`step` (compiled, on a prepared copy of `model`) packaged in `folder` for `example`'s rows (a cache
+    such as the gate's first probe's) and loaded, as a PackagedStep on `model` holding its package's bytes;
+    `step` itself where it is not compiled or cannot be packaged (then one log line says why: it is compiled
+    in every run)."""
     if not step.compiled:
         return step
     problem = package_problem(step.plan, step.device)
+    if problem is None and example.length < 2:
+        problem = f"a context of {model.config.block_size} tokens is too short to trace a step on"
     if problem is None:
         path = folder / f"step-{len(list(folder.iterdir()))}.pt2"
         try:
-            package_step(step, rows, path)
-            return PackagedStep.loaded(model, step.plan, rows, load_package(path), path.read_bytes())
+            package_step(step, example, path)
+            return PackagedStep.loaded(model, step.plan, example.batch_size, load_package(path),
+                                       path.read_bytes())
         except Exception as e:  # noqa: BLE001 - whatever export or AOTInductor raise, the step stays compiled
             problem = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
     log.info("the %s is compiled in every run, not packaged: %s", step.name, problem)
@@ -159,11 +164,12 @@ def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache
     package kept for the weights of digest `weights`; where none is, packaged now (and kept once it passes).
     Handed back only where it passes the numbers gate: else None, with one log line (the caller compiles as
     before). Returns it and the record, naming a new package."""
+    probes = record_probes(model, rows)
     path = cache.package(key, weights)
     if path is None:
         with tempfile.TemporaryDirectory(prefix="minigpt-package-") as folder:
             built = build_step(copy.deepcopy(model), kept.plan, rows)
-            candidate = packaged_candidate(built, model, rows, Path(folder))
+            candidate = packaged_candidate(built, model, probes[0].prefilled, Path(folder))
         if not isinstance(candidate, PackagedStep):
             return None, kept
     else:
@@ -172,7 +178,7 @@ def packaged_step(model: GPT, rows: int, key: dict, kept: Kept, cache: StepCache
         except Exception as e:  # noqa: BLE001 - a package that does not load is damaged, whatever it raises
             log.warning("decode cache %s is damaged (%s): compiling the step", path, e)
             return None, kept
-    step, checked = first_passing(model, rows, [candidate])
+    step, checked = first_passing(model, probes, [candidate])
     if step is not candidate:
         return None, kept
     if candidate.package is not None:

@@ -79,7 +79,7 @@ def test_a_compiled_step_is_streamed_where_whole_steps_say(chosen_s, streamed_s,
     chosen_plan = Plan("packed", "packed", onednn=False, attention="math")
     monkeypatch.setattr(fastest, "compile_problem", lambda device: None)
     monkeypatch.setattr(fastest, "choose_plan", lambda m, rows, compile: (chosen_plan, ["products packed"]))
-    monkeypatch.setattr(fastest, "first_passing", lambda model, rows, steps: (next(iter(steps)), []))
+    monkeypatch.setattr(fastest, "first_passing", lambda model, probes, steps: (next(iter(steps)), []))
     seen = []
 
     def measure(steps, rows):

@@ -18,10 +18,11 @@ import torch
 from model_helpers import tiny_config
 
 from minigpt.fast import packaged
+from minigpt.fast.gate import record_probes
 from minigpt.fast.kept import Kept, StepCache, weights_digest
-from minigpt.fast.step import Plan
+from minigpt.fast.step import Plan, build_step
 from minigpt.model.factory import build_model
-from minigpt.sampling.decode import decode_forward, generate
+from minigpt.sampling.decode import decode_forward, generate, prefill
 from minigpt.sampling.params import SamplingParams
 
 MACHINE = {"torch": "2.13.0", "cpu": "AMD EPYC 9R14", "isa": "AVX512", "cpu_flags": "0123456789abcdef"}
@@ -42,9 +43,9 @@ def _inject(monkeypatch, model: torch.nn.Module, shift: float = 0.0) -> list:
     eagerly (its logits moved by `shift` at one entry). Returns the packagings made."""
     made = []
 
-    def package_step(step, rows, path):
-        made.append(rows)
-        Path(path).write_bytes(b"package of rows %d" % rows)
+    def package_step(step, example, path):
+        made.append(example.batch_size)
+        Path(path).write_bytes(b"package of rows %d" % example.batch_size)
 
     def load_package(path):
         program = packaged._Program(copy.deepcopy(model))
@@ -136,3 +137,34 @@ def test_a_package_that_gives_other_numbers_is_refused_with_one_line(monkeypatch
                                          weights_digest(model))
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert step is None and len(lines) == 1 and "refused the decode step packaged" in lines[0], lines
+
+
+def test_a_step_is_traced_on_the_gate_s_first_probe_as_its_prefill_left_it(monkeypatch, tmp_path) -> None:
+    """The example a package is traced on is the cache of the probe it is then held to: its rows, its
+    prompts' keys in their slots, and nothing of the tokens fed after them."""
+    cache, model = _cache(tmp_path), _tiny()
+    _inject(monkeypatch, model)
+    examples = []
+    package = packaged.package_step
+    monkeypatch.setattr(packaged, "package_step", lambda step, example, path: examples.append(
+        (example.length, example.k[0].clone())) or package(step, example, path))
+    packaged.packaged_step(model, 3, cache.key(model, 3, True), KEPT, cache, weights_digest(model))
+    first = record_probes(model, 3)[0]  # recorded again: the probes are seeded
+    (length, keys), = examples
+    want, _ = prefill(model, first.prompts)
+    assert length == want.length == 8 and keys.shape[0] == 3
+    assert torch.equal(keys[:, :, :length], want.k[0][:, :, :length])
+
+
+def test_a_context_too_short_to_trace_on_is_compiled_not_packaged(monkeypatch, caplog, tmp_path) -> None:
+    """Export specialises on cache lengths 0 and 1: a model whose probe prompts are one token long (a
+    context of 5) keeps its compiled step, with one line saying why, and nothing is packaged."""
+    torch.manual_seed(0)
+    model = build_model(tiny_config(n_layer=1, n_head=2, n_embd=16, block_size=5, vocab_size=61)).eval()
+    made = _inject(monkeypatch, model)
+    compiled = build_step(copy.deepcopy(model), KEPT.plan, 1)
+    with caplog.at_level(logging.INFO, logger="minigpt.fast"):
+        step = packaged.packaged_candidate(compiled, model, record_probes(model, 1)[0].prefilled, tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert step is compiled and made == [] and len(lines) == 1, lines
+    assert "not packaged: a context of 5 tokens is too short to trace a step on" in lines[0]
