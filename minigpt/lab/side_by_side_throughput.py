@@ -36,7 +36,7 @@ def minigpt_steps(cfg: TrainConfig, data: PreparedData, seed: int):
     runtime = with_attention_kernel(resolve_runtime(cfg.device, probe_cache=Path(cfg.data.cache_dir)), cfg, 1)
     seed_everything(seed)
     model = build_model(cfg.model, vocab_size=data.vocab_size).to(runtime.device)
-    optimizer = build_optimizer(model, cfg.optim, runtime.type)
+    optimizer = build_optimizer(model, cfg.optim, runtime.type, autocast_dtype=runtime.dtype)
     schedule, scaler = LRSchedule(cfg.optim, Budget(max_steps=cfg.trainer.max_steps)), runtime.grad_scaler()
     loader = BatchLoader(data.split("train"), cfg.model.block_size, cfg.trainer.batch_size, seed=seed,
                          device=str(runtime.device))

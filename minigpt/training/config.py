@@ -24,6 +24,7 @@ SCHEDULES = ("cosine", "wsd")  # see training/optim.py
 WEIGHT_DECAY_SCHEDULES = ("constant", "cosine")  # see training/optim.py
 OPTIMIZERS = ("adamw", "muon")  # see training/optim.py and training/muon.py
 ORTHOGONALIZERS = ("newton_schulz", "polar_express")  # training/muon.py
+MUON_DTYPES = ("auto", "float32", "bfloat16")  # training/optim.py muon_dtype
 # AdamW's parameter groups that optim.groups may give settings of their own (training/optim.py param_groups)
 ADAM_GROUPS = ("tables", "value_tables", "head", "scalars", "resid", "x0", "gates", "matrices", "other")
 GROUP_SETTINGS = ("lr", "beta1", "beta2", "eps", "weight_decay")
@@ -79,6 +80,9 @@ class OptimConfig:
     # polar_express (rows equalised first, a quintic of its own per step, the result at the exact norm)
     muon_orthogonalize: str = "newton_schulz"
     muon_split_qkv: bool = False  # the attention's fused q/k/v matrix orthogonalised as three matrices
+    # the dtype of the orthogonalisation's matmuls: float32 | bfloat16 | auto (bfloat16 where the run's
+    # autocast dtype is, that is where bf16 matmuls were measured faster; training/optim.py muon_dtype)
+    muon_dtype: str = "float32"
     # AdamW groups of their own, each with its own settings: {group: {lr, beta1, beta2, eps, weight_decay}}
     # (training/optim.py GROUPS); a weight_decay given here is constant, not optim.weight_decay's schedule
     groups: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -102,6 +106,8 @@ class OptimConfig:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value < 1.0:
                 raise UserError(f"optim.{name}={value} must be in [0, 1) (or null: {null})")
+        if self.muon_dtype not in MUON_DTYPES:
+            raise UserError(f"optim.muon_dtype={self.muon_dtype!r} is not one of: {', '.join(MUON_DTYPES)}")
         if self.muon_orthogonalize not in ORTHOGONALIZERS:
             raise UserError(f"optim.muon_orthogonalize={self.muon_orthogonalize!r} is not one of: "
                             f"{', '.join(ORTHOGONALIZERS)}")

@@ -68,19 +68,19 @@ def _frobenius(x: torch.Tensor) -> torch.Tensor:
     return x.norm(dim=(-2, -1), keepdim=True)
 
 
-def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(..., m, n) -> (..., m, n): approximately U Vᵀ of g = U S Vᵀ (of each matrix of a stack), by `steps`
-    Newton-Schulz iterations in float32.
+    Newton-Schulz iterations with their matmuls in `dtype`.
 
     The iteration runs on the wide orientation (rows <= columns), where X Xᵀ is the smaller square matrix.
-    Recipes for GPUs run it in bfloat16; float32 costs little at these sizes and is exact on every CPU,
-    including those that emulate bfloat16.
+    Recipes for GPUs run it in bfloat16: it only has to land the singular values near 1, which bfloat16's
+    8 bits do; float32 is exact on every CPU, including those that emulate bfloat16.
     """
     x = g.float()
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT  # (..., n, m), n < m
-    x = x / (_frobenius(x) + NS_EPS)  # Frobenius norm >= spectral norm: every singular value in [0, 1]
+    x = (x / (_frobenius(x) + NS_EPS)).to(dtype)  # Frobenius >= spectral norm: singular values in [0, 1]
     a, b, c = NS_COEFFICIENTS
     for _ in range(steps):
         gram = x @ x.mT  # (..., r, r), r = min(m, n)
@@ -88,9 +88,9 @@ def orthogonalize(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     return (x.mT if tall else x).to(g.dtype)
 
 
-def polar_express(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
+def polar_express(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(..., m, n) -> (..., m, n): U Vᵀ of g = U S Vᵀ (of each matrix of a stack), nearer than `orthogonalize`
-    gets, in float32. Three changes:
+    gets, its matmuls in `dtype` (the norms in float32). Three changes:
     the rows are first scaled to a common norm (the mean row's, keeping ||g||): a few long rows would
     otherwise own the top singular values; each of the (at most five) steps has its own quintic
     (`POLAR_EXPRESS`), which lands the singular values near 1 rather than around it; and the result is
@@ -101,10 +101,11 @@ def polar_express(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     tall = x.shape[-2] > x.shape[-1]
     if tall:
         x = x.mT  # (..., n, m), n < m
-    x = x / (_frobenius(x) * 1.01 + 1e-6)  # every singular value below 1, with a margin
+    x = (x / (_frobenius(x) * 1.01 + 1e-6)).to(dtype)  # every singular value below 1, with a margin
     for a, b, c in POLAR_EXPRESS[:steps]:
         gram = x @ x.mT  # (..., r, r), r = min(m, n)
         x = a * x + (b * gram + c * gram @ gram) @ x
+    x = x.float()
     x = x * (math.sqrt(min(x.shape[-2:])) / _frobenius(x).clamp_min(1e-6))
     return (x.mT if tall else x).to(g.dtype)
 
@@ -148,13 +149,15 @@ class MuonAdamW(torch.optim.Optimizer):
 
     `over_ranks` (DDP or FSDP2) shares the orthogonalisations out, each matrix to one rank (`on_owners`);
     False in one process, where every matrix is orthogonalised here. Both compute the same step.
+    `ns_dtype`: the dtype of the orthogonalisations' matmuls (`orthogonalize`).
     """
 
-    def __init__(self, groups: list[dict], over_ranks: bool = False) -> None:
+    def __init__(self, groups: list[dict], over_ranks: bool = False,
+                 ns_dtype: torch.dtype = torch.float32) -> None:
         defaults = dict(muon=False, lr=1e-3, weight_decay=0.0, cautious=False, momentum=0.95, ns_steps=5,
                         beta2=None, orthogonalize="newton_schulz", splits=None, betas=(0.9, 0.95), eps=1e-8)
         super().__init__(groups, defaults)
-        self.over_ranks = over_ranks
+        self.over_ranks, self.ns_dtype = over_ranks, ns_dtype
         for group in self.param_groups:
             if group["muon"] and any(p.dim() != 2 for p in group["params"]):
                 raise ValueError("Muon groups hold matrices only")
@@ -265,7 +268,7 @@ class MuonAdamW(torch.optim.Optimizer):
         """(..., r, n) rows of the Nesterov momentum (a block, or a stack of them) -> (..., r, n):
         orthogonalised, with `normalize_neurons` by the block's second moment where there is one."""
         orth = polar_express if group["orthogonalize"] == "polar_express" else orthogonalize
-        update = orth(block, group["ns_steps"])
+        update = orth(block, group["ns_steps"], self.ns_dtype)
         return update if moment is None else normalize_neurons(update, moment, group["beta2"])
 
     def _adamw_step(self, group: dict, params: list[torch.Tensor]) -> None:

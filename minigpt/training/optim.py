@@ -97,14 +97,15 @@ def adam_settings(group: dict, cfg: OptimConfig) -> dict:
     return settings
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu", world_size: int = 1
-                    ) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device_type: str = "cpu", world_size: int = 1,
+                    autocast_dtype: torch.dtype = torch.float32) -> torch.optim.Optimizer:
     """AdamW over `param_groups`, fused on CUDA and CPU: one kernel updates all parameters in one pass
     over their memory, where the default implementation loops over them in Python (docs/performance.md).
-    optim.name=muon: `build_muon`. AdamW's update is elementwise, so under DDP or FSDP2 (`world_size` > 1)
-    each rank updates what it holds; Muon's is not, and shares its work out over the ranks."""
+    optim.name=muon: `build_muon`, its matmuls in `muon_dtype(cfg, autocast_dtype)`. AdamW's update is
+    elementwise, so under DDP or FSDP2 (`world_size` > 1) each rank updates what it holds; Muon's is not,
+    and shares its work out over the ranks."""
     if cfg.name == "muon":
-        return build_muon(model, cfg, world_size)
+        return build_muon(model, cfg, world_size, muon_dtype(cfg, autocast_dtype))
     groups = [{**g, **adam_settings(g, cfg)}
               for g in param_groups(model, cfg.weight_decay, cfg.lr_scales, tuple(cfg.groups))]
     n_decay = sum(p.numel() for p in groups[0]["params"])
@@ -126,7 +127,17 @@ def muon_matrices(model: nn.Module) -> list[nn.Parameter]:
             if name.startswith("transformer.h.") and p.dim() == 2 and min(p.shape) > 1 and p.requires_grad]
 
 
-def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonAdamW:
+def muon_dtype(cfg: OptimConfig, autocast_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of Muon's orthogonalisation: optim.muon_dtype, where auto is bfloat16 in a run that autocasts
+    to it (the runtime chose it where bf16 matmuls measured faster: device/runtime.py) and float32 otherwise
+    (float16's range is too narrow for the iteration's intermediate powers)."""
+    if cfg.muon_dtype == "auto":
+        return torch.bfloat16 if autocast_dtype == torch.bfloat16 else torch.float32
+    return getattr(torch, cfg.muon_dtype)
+
+
+def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1,
+               ns_dtype: torch.dtype = torch.float32) -> MuonAdamW:
     """Muon at optim.muon_lr on `muon_matrices`, AdamW at optim.lr on the rest (decayed as in `param_groups`,
     the embedding tables at optim.embed_lr when it is set). With several processes (`world_size`: DDP, or
     FSDP2's shards) each matrix's update is computed by one rank (minigpt/cluster/whole_matrices.py).
@@ -152,8 +163,10 @@ def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonA
         muon_groups.append({**muon, "params": same, "splits": list(rows)})
     groups = [g for g in muon_groups if g["params"]] + [{**g, **adam_settings(g, cfg)}
                                                         for g in adam_groups if g["params"]]
+    if ns_dtype != torch.float32:
+        log.info("Muon: orthogonalising in %s", str(ns_dtype).removeprefix("torch."))
     if world_size == 1 or not matrices:
-        return MuonAdamW(groups)
+        return MuonAdamW(groups, ns_dtype=ns_dtype)
     sharded = any(isinstance(p, DTensor) for p in matrices)
     moments = 0 if cfg.muon_beta2 is None else sum(  # NorMuon's: the long side of each block, float32
         max(r, p.shape[1]) for p in matrices for r in splits.get(id(p), (p.shape[0],)))
@@ -162,7 +175,7 @@ def build_muon(model: nn.Module, cfg: OptimConfig, world_size: int = 1) -> MuonA
     route = "its FSDP2 rows gathered there and scattered back" if sharded else "then broadcast"
     log.info("Muon over %d ranks: each matrix orthogonalised by one of them (%s), %s bytes per step",
              world_size, route, f"{sent:,}")
-    return MuonAdamW(groups, over_ranks=True)
+    return MuonAdamW(groups, over_ranks=True, ns_dtype=ns_dtype)
 
 
 def qkv_splits(model: nn.Module) -> dict[int, tuple[int, int, int]]:

@@ -141,7 +141,8 @@ class Trainer:
         self.grad_accum_steps = grad_accum_steps(tc, block, env.world_size)
         self.tokens_per_step = tc.batch_size * block * self.grad_accum_steps * env.world_size  # a full step's
         self.batches = BatchSchedule(tc, block, self.grad_accum_steps, env.world_size)
-        self.optimizer = build_optimizer(self.model, cfg.optim, device.type, env.world_size)
+        self.optimizer = build_optimizer(self.model, cfg.optim, device.type, env.world_size,
+                                         autocast_dtype=self.runtime.dtype)
         flops_per_token = self.model.flops_per_token()
         self.budget = Budget(tc.max_steps, tc.max_seconds, tc.max_tokens, tc.max_flops,
                              tc.max_tokens_per_param, self.tokens_per_step, flops_per_token,

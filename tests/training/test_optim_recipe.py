@@ -171,15 +171,50 @@ def test_polar_express_is_nearer_u_vt_at_its_exact_norm_and_blind_to_row_scales(
                                rtol=1e-4)
 
 
-def _equalised_columns_polar(g: torch.Tensor) -> torch.Tensor:
+def _equalised_columns_polar(g: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """polar_express of a wide matrix, written out: rows to their mean norm, then the five quintics on
-    X / (1.01 ||X||), then the norm sqrt(min(m, n))."""
+    X / (1.01 ||X||) in `dtype`, then the norm sqrt(min(m, n))."""
     x = g * (g.norm() / g.shape[0] ** 0.5 / g.norm(dim=1, keepdim=True))
-    x = x / (x.norm() * 1.01 + 1e-6)
+    x = (x / (x.norm() * 1.01 + 1e-6)).to(dtype)
     for a, b, c in POLAR_EXPRESS:
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
+    x = x.float()
     return x * (min(x.shape) ** 0.5 / x.norm())
+
+
+def test_orthogonalising_in_bfloat16_iterates_in_it_and_lands_near_u_vt():
+    """The quintics' matmuls in bfloat16 (`optim.muon_dtype`): the iteration written out in bfloat16, near
+    the exact U Vᵀ, at its exact norm (the norms stay float32), and not the float32 result."""
+    torch.manual_seed(0)
+    g = torch.randn(10, 24) @ torch.diag(torch.logspace(-1, 0, 24))
+    out = polar_express(g, dtype=torch.bfloat16)
+    torch.testing.assert_close(out, _equalised_columns_polar(g, torch.bfloat16), atol=1e-5, rtol=1e-4)
+    assert out.dtype == torch.float32 and out.norm() == pytest.approx(10 ** 0.5, rel=1e-5)
+    equal = g * (g.norm() / 10 ** 0.5 / g.norm(dim=1, keepdim=True))  # every row at the mean row norm
+    u, _, vh = torch.linalg.svd(equal, full_matrices=False)
+    exact = u @ vh
+    assert (out - exact).norm() < 1.5 * (polar_express(g) - exact).norm()  # bfloat16's 8 bits cost little
+    assert not torch.allclose(out, polar_express(g), atol=1e-4)
+    newton = orthogonalize(g, dtype=torch.bfloat16)
+    u, _, vh = torch.linalg.svd(g, full_matrices=False)
+    exact = u @ vh
+    assert newton.dtype == torch.float32 and (newton - exact).norm() < 1.2 * (orthogonalize(g) - exact).norm()
+
+
+@pytest.mark.parametrize(("setting", "autocast", "want"), [
+    ("auto", torch.bfloat16, torch.bfloat16), ("auto", torch.float32, torch.float32),
+    ("auto", torch.float16, torch.float32), ("float32", torch.bfloat16, torch.float32),
+    ("bfloat16", torch.float32, torch.bfloat16),
+])  # fmt: skip
+def test_muon_orthogonalises_in_the_autocast_dtype_where_it_is_bfloat16(setting, autocast, want, caplog):
+    cfg = OptimConfig(name="muon", muon_orthogonalize="polar_express", muon_dtype=setting)
+    with caplog.at_level(logging.INFO, logger="minigpt.training"):
+        optimizer = build_optimizer(_model(), cfg, "cpu", autocast_dtype=autocast)
+    assert optimizer.ns_dtype == want
+    assert ("orthogonalising in bfloat16" in caplog.text) == (want == torch.bfloat16)
+    with pytest.raises(UserError, match="optim.muon_dtype='float16' is not one of: auto, float32, bfloat16"):
+        OptimConfig(muon_dtype="float16")
 
 
 def test_split_qkv_steps_each_block_like_a_matrix_of_its_own():

@@ -52,7 +52,7 @@ def default_model_step(model_overrides: dict, optim_overrides: dict, runtime, ba
     model = build_model(ModelConfig(**{"vocab_size": TokenizerConfig().bpe_vocab_size, **model_overrides}))
     model.to(runtime.device)
     cfg = OptimConfig(**optim_overrides)
-    optimizer = build_optimizer(model, cfg, runtime.type)
+    optimizer = build_optimizer(model, cfg, runtime.type, autocast_dtype=runtime.dtype)
     schedule, scaler = LRSchedule(cfg, Budget(max_steps=10**9)), runtime.grad_scaler()
     counter = iter(range(10**12))
 

@@ -46,7 +46,7 @@ def bench_train_loop(device: torch.device, *, smoke: bool = False, steps: int = 
     model = build_model(cfg).to(runtime.device)
     train_model = torch.compile(model) if runtime.compile else model
     optim_cfg = OptimConfig(name="adamw", lr=6e-4, warmup_steps=warmup_steps)
-    optimizer = build_optimizer(model, optim_cfg, runtime.type)
+    optimizer = build_optimizer(model, optim_cfg, runtime.type, autocast_dtype=runtime.dtype)
     schedule = LRSchedule(optim_cfg, Budget(max_steps=steps + warmup_steps))
     scaler = runtime.grad_scaler()
     gen = torch.Generator().manual_seed(0)
