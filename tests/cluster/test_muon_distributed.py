@@ -92,9 +92,9 @@ def _counted_train(cfg: TrainConfig, out: Path, env: DistEnv) -> None:
     counting, shapes = _CountingDist(), Counter()
 
     def counted(real):
-        def orthogonalize(g, steps):
+        def orthogonalize(g, steps, dtype):
             shapes[str(tuple(g.shape))] += 1
-            return real(g, steps)
+            return real(g, steps, dtype)
         return orthogonalize
 
     with pytest.MonkeyPatch.context() as patch:
