@@ -67,13 +67,12 @@ def _inputs(tokens: torch.Tensor, cache: KVCache) -> tuple:
 def export_step(step: DecodeStep, example: KVCache) -> torch.export.ExportedProgram:
     """`step`'s model's decode step for as many rows as `example` holds (an unpadded cache filled to at least
     two slots: export specialises on lengths 0 and 1), exported with the cache length free."""
-    model, cache = step.model, example
     with torch.no_grad(), OneDNN(step.plan.onednn):
-        tokens = torch.zeros(cache.batch_size, 1, dtype=torch.long, device=cache.device)
-        n_layer = model.config.n_layer
-        length = torch.export.Dim("length", min=1, max=cache.max_len - 1)
+        tokens = torch.zeros(example.batch_size, 1, dtype=torch.long, device=example.device)
+        n_layer = step.model.config.n_layer
+        length = torch.export.Dim("length", min=1, max=example.max_len - 1)
         dynamic = (None, {0: length}, None, [None] * n_layer, [None] * n_layer)
-        return torch.export.export(_Program(model), _inputs(tokens, cache), dynamic_shapes=dynamic)
+        return torch.export.export(_Program(step.model), _inputs(tokens, example), dynamic_shapes=dynamic)
 
 
 def package_step(step: DecodeStep, example: KVCache, path: Path) -> Path:
