@@ -11,5 +11,6 @@ every tool.
                   fp32-vs-bf16 probe (cached per machine in the data cache folder), SDPA's kernels timed
     cpu_load.py   how many cores other processes keep busy, from /proc/stat less this process's own time
     threads.py    the thread count every command starts with: one per free core, or device.threads
+    allocator.py  a CPU run's malloc set to keep the memory a step frees for the next step
     governor.py   the thread count re-chosen while a run trains, when its speed drops or cores come free
 """

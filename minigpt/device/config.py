@@ -34,6 +34,7 @@ class DeviceConfig:
     tf32: bool = True  # TF32 matmuls on Ampere+ GPUs: ~8x the fp32 rate, 10-bit mantissa is ample here
     peak_tflops: float | None = None  # for MFU; None: known GPU table, else a quick matmul measurement
     threads: int | None = None  # intra-op CPU threads; None: the free cores, measured (device/threads.py)
+    keep_freed_memory: bool = True  # on a CPU malloc keeps what a step frees for the next (allocator.py)
 
     def __post_init__(self) -> None:
         check_choice("device.type", self.type, DEVICE_TYPES)

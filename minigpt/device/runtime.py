@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from minigpt.device.allocator import keep_freed_memory
 from minigpt.device.config import DeviceConfig
 from minigpt.device.probe import (
     MatmulProbe,
@@ -101,7 +102,8 @@ class Runtime:
 
 def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path | None = None,
                     cpu_probe: Callable[[Path | None], MatmulProbe] = cpu_matmul_probe) -> Runtime:
-    """Pick the device, the autocast dtype and whether to compile; enable TF32 on CUDA if asked.
+    """Pick the device, the autocast dtype and whether to compile; enable TF32 on CUDA if asked, and on a CPU
+    make malloc keep freed memory (allocator.py) unless device.keep_freed_memory=false.
 
     device.dtype=auto on a CPU runs `cpu_probe` (cached in `probe_cache`, see probe.py) and lets
     `choose_cpu_dtype` decide; the log line says what was chosen and why."""
@@ -123,6 +125,8 @@ def resolve_runtime(cfg: DeviceConfig, local_rank: int = 0, *, probe_cache: Path
         torch.backends.cudnn.allow_tf32 = cfg.tf32
     dtype_name = str(dtype).removeprefix("torch.")
     log.info("device %s, autocast dtype %s (%s), compile %s", device, dtype_name, why, compile_model)
+    if device.type == "cpu" and cfg.keep_freed_memory:
+        log.info("memory: %s", keep_freed_memory())
     return Runtime(device=device, dtype=dtype, compile=compile_model, dtype_reason=why)
 
 

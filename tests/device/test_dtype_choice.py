@@ -55,7 +55,7 @@ def test_resolve_runtime_uses_the_probe_and_says_why_in_its_log_line(measured, e
                                   probe_cache=tmp_path, cpu_probe=fake_probe)
     assert runtime.dtype == expected and seen == [tmp_path]
     name = str(expected).removeprefix("torch.")
-    line = caplog.records[-1].getMessage()
+    line = next(r.getMessage() for r in caplog.records if "autocast dtype" in r.getMessage())
     assert f"autocast dtype {name} (auto: measured 256x256 matmuls" in line, line
     assert runtime.dtype_reason in line
 
