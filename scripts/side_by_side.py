@@ -6,7 +6,7 @@ Examples:
     python scripts/side_by_side.py reference_path=... minigpt.model.value_embeds=true  # another minigpt arm
     python scripts/side_by_side.py reference_path=... reference.steps=1850           # the reference for less
     python scripts/side_by_side.py reference_path=... throughput=true 'threads=[1,2]'   # tokens/s of each
-    python scripts/side_by_side.py reference_path=... parity_steps=3 minigpt.model.init=fan_in ...  # same?
+    python scripts/side_by_side.py reference_path=... parity_steps=3 minigpt.optim.weight_decay=0.28  # same?
 
 Both arms train on minigpt's prepared bins and batches, seed for seed, for minigpt.trainer.max_steps steps,
 and are scored on the whole val split as `scripts/evaluate.py stride=<block_size>` scores

@@ -40,6 +40,7 @@ def test_the_recipe_presets_compute_what_the_reference_computes(make_train_cfg):
     minigpt = make_train_cfg("model=recipe", "optim=recipe", "model.n_layer=2", "model.n_head=2",
                              "model.n_kv_head=2", "model.n_embd=32", "model.block_size=32",
                              "trainer.max_steps=100", "trainer.eval_tokens=all", "optim.warmup_steps=40",
+                             "optim.weight_decay=0.28",  # the reference's (the default's is 0.8)
                              *(f"optim.groups.{k}.lr={v}" for k, v in lrs.items()))
     cfg = SideBySideConfig(reference_path=REFERENCE, minigpt=minigpt, seeds=[5], parity_steps=4,
                            reference=ReferenceRecipe(n_layer=2, n_head=2, n_kv_head=2, n_embd=32))
