@@ -19,9 +19,10 @@ from minigpt.device import allocator, runtime
 from minigpt.device.allocator import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MMAP_THRESHOLD_MAX, keep_freed_memory
 from minigpt.device.config import DeviceConfig
 
-# 32 blocks of 2 MiB alive at once, then all freed: 64 MiB, a small model's step as malloc sees it (more than
-# twice the largest threshold glibc raises itself to, so that as it comes it trims what is freed). Each
-# process is fresh, so malloc starts from its defaults; the faults of the last 20 steps are counted.
+# 32 blocks of 2 MiB alive at once, then all freed: 64 MiB, a small model's step as malloc sees it. That is
+# more than twice the threshold glibc has raised itself to by then (to the largest block freed while torch was
+# imported), so as it comes it trims what is freed. Each process is fresh, so malloc starts from its defaults;
+# the faults of the last 20 steps are counted.
 STEPS = textwrap.dedent("""
     import resource, sys
     import torch
