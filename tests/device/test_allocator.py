@@ -19,19 +19,25 @@ from minigpt.device import allocator, runtime
 from minigpt.device.allocator import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MMAP_THRESHOLD_MAX, keep_freed_memory
 from minigpt.device.config import DeviceConfig
 
-# 32 blocks of 2 MiB alive at once, then all freed: 64 MiB, a small model's step as malloc sees it. That is
-# more than twice the threshold glibc has raised itself to by then (to the largest block freed while torch was
-# imported), so as it comes it trims what is freed. Each process is fresh, so malloc starts from its defaults;
-# the faults of the last 20 steps are counted.
+# A step as malloc sees it: 48 blocks of 2 MiB alive at once (written, so that every page is touched), then
+# all freed. The blocks come from libc's malloc itself, so nothing else of Python's lands between them. As
+# malloc comes, the freed 96 MiB lie at the top of its heap, more than twice the mmap threshold (which rises
+# to the largest block freed, here 2 MiB), and are handed back to the kernel. Each process is fresh, so malloc
+# starts from its defaults; the faults of the last 20 steps are counted.
 STEPS = textwrap.dedent("""
-    import resource, sys
-    import torch
+    import ctypes, resource, sys
     from minigpt.device.allocator import keep_freed_memory
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
     if sys.argv[1] == "keep":
         keep_freed_memory()
     def step():
-        blocks = [torch.ones(2**19) for _ in range(32)]  # 32 x 2 MiB, written, so every page is touched
-        del blocks
+        blocks = [libc.malloc(2**21) for _ in range(48)]
+        for block in blocks:
+            ctypes.memset(block, 1, 2**21)
+        for block in reversed(blocks):
+            libc.free(block)
     for _ in range(3):
         step()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -53,8 +59,8 @@ def faults_per_step(mode: str) -> float:
 def test_a_step_reuses_its_pages_instead_of_faulting_them_in_again() -> None:
     as_it_comes = faults_per_step("default")
     kept = faults_per_step("keep")
-    pages_per_step = 32 * 2 * 2**20 / 4096  # 16,384
-    # As it comes, malloc hands most of the step's 64 MiB back to the kernel and faults it in again.
+    pages_per_step = 48 * 2 * 2**20 / 4096  # 24,576
+    # As it comes, malloc hands most of the step's 96 MiB back to the kernel and faults it in again.
     assert as_it_comes > pages_per_step / 2
     assert kept < pages_per_step / 50  # kept: the blocks come back from the heap, already mapped
 
