@@ -1,4 +1,5 @@
-"""The CPU allocator for training: the memory a step frees is kept for the next, not given back to the kernel.
+"""The CPU allocator for training and evaluation: the memory a step frees is kept for the next, not given back
+to the kernel.
 
 Every training step allocates and frees the same activations, gradients and loss buffers, many of them from a
 few hundred KiB to a few MiB. glibc's malloc, the allocator of most Linux systems, serves a block above its
@@ -12,7 +13,9 @@ small model is a tenth or more of the step (docs/performance.md).
 allows) come from the heap, and the heap is never trimmed. After the first steps every allocation reuses pages
 already mapped. The process holds its peak memory until it exits, as torch's caching allocator does on a GPU.
 Only larger blocks, which no small model's step makes, are still mapped and unmapped each time. Elsewhere
-(macOS, musl) the allocator is left as it is. `device.keep_freed_memory=false` leaves it as it is everywhere.
+(macOS, musl) the allocator is left as it is. `device.keep_freed_memory=false` leaves it as it is for a
+training run. Scoring a checkpoint (`scripts/evaluate.py`, inspect/perplexity.py) sets it too: a batch of
+windows frees logits of the same size as the next one's, and the process ends when the scoring does.
 """
 
 from __future__ import annotations
@@ -41,4 +44,4 @@ def keep_freed_memory(libc: ctypes.CDLL | None = None) -> str:
         return "the system allocator, unchanged (mallopt refused the mmap threshold)"
     if libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
         return "glibc's malloc serves blocks up to 32 MiB from its heap (mallopt refused to stop trimming it)"
-    return "glibc's malloc keeps freed blocks up to 32 MiB for reuse (device.keep_freed_memory)"
+    return "glibc's malloc keeps freed blocks up to 32 MiB for reuse"

@@ -41,6 +41,7 @@ from minigpt.checkpoint.load import load_model
 from minigpt.data.config import DataConfig
 from minigpt.data.eval_windows import IGNORE_INDEX
 from minigpt.data.sources import load_corpus
+from minigpt.device.allocator import keep_freed_memory
 from minigpt.errors import UserError
 from minigpt.inspect.config import EvaluateConfig
 
@@ -215,6 +216,8 @@ def recorded_corpus(meta: dict) -> DataConfig:
 def evaluate(cfg: EvaluateConfig) -> tuple[Perplexity, str]:
     """Load the checkpoint, tokenise the chosen text with its tokenizer, score it. Returns (result, what)."""
     model, tokenizer, meta = load_model(cfg.checkpoint, cfg.device.type, cfg.weights_dtype)
+    if next(model.parameters()).device.type == "cpu":  # each batch frees the logits the next one allocates
+        log.info("memory: %s", keep_freed_memory())
     if cfg.text_file:
         file = Path(cfg.text_file).expanduser()
         if not file.is_file():

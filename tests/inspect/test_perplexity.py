@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 from model_helpers import tiny_config
 
 from minigpt.data.tokenizers import ByteTokenizer
 from minigpt.device.config import InferenceDeviceConfig
+from minigpt.inspect import perplexity
 from minigpt.inspect.config import EvaluateConfig
 from minigpt.inspect.perplexity import document_tokens, evaluate, sliding_window_loss
 from minigpt.model.factory import build_model
@@ -63,3 +66,20 @@ def test_evaluate_a_text_file_from_a_checkpoint(tmp_path: Path) -> None:
     expected = sliding_window_loss(model, document_tokens(["hello world\n" * 5], tok), stride=4)
     assert what.endswith("t.txt") and result.tokens == 60
     assert math.isclose(result.loss, expected.loss, rel_tol=1e-6)
+
+
+def test_scoring_on_a_cpu_keeps_the_memory_each_batch_frees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    from minigpt.checkpoint.format import save_checkpoint
+
+    model = _model(block_size=16, vocab_size=257)
+    save_checkpoint(tmp_path / "ckpt", model, {}, {"model_config": vars(model.config)}, ByteTokenizer())
+    (tmp_path / "t.txt").write_text("hello world\n")
+    calls = []
+    monkeypatch.setattr(perplexity, "keep_freed_memory", lambda: calls.append(1) or "kept, said the stand-in")
+    cfg = EvaluateConfig(checkpoint=str(tmp_path / "ckpt"), text_file=str(tmp_path / "t.txt"),
+                         device=InferenceDeviceConfig("cpu"), stride=4)
+    with caplog.at_level(logging.INFO, logger="minigpt.inspect.perplexity"):
+        evaluate(cfg)
+    assert calls == [1]
+    assert "memory: kept, said the stand-in" in caplog.text
