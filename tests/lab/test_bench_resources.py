@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from minigpt.errors import UserError
+from minigpt.lab.bench import suite
 from minigpt.lab.bench.format import other_load
 from minigpt.lab.bench.resources import peak_memory_bytes
 from minigpt.lab.bench.sections import select_sections
@@ -50,3 +51,17 @@ def test_bf16_contenders_only_where_bf16_matmuls_are_fast() -> None:
 ])  # fmt: skip
 def test_the_report_states_the_other_load(machine: dict, said: str) -> None:
     assert other_load(machine) == said
+
+
+def test_a_training_table_is_timed_in_the_trainers_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Resolving the trainer's runtime sets the CPU allocator for the whole process (device/allocator.py), so
+    # it must come before the contenders are timed, or the table times them with malloc as the trainer never
+    # runs it.
+    order = []
+    monkeypatch.setattr(suite, "trainer_default", lambda device: order.append("resolved") or {"row": None})
+    monkeypatch.setattr(suite, "bench_train_step",
+                        lambda *args, **kwargs: order.append("timed") or {"notes": []})
+    peak = {"fp32_flops": 100e9, "bf16_flops": 2e9}
+    result = suite._run_section("train_S", torch.device("cpu"), quick=True, compile_=False, peak=peak)
+    assert order == ["resolved", "timed"]
+    assert result["trainer_default"] == {"row": None}

@@ -165,9 +165,10 @@ def _run_section(name: str, device: torch.device, quick: bool, compile_: bool | 
     if name in ("train_S", "train_M"):
         shape = (QUICK_SHAPES if quick else SHAPES)[name.removeprefix("train_")]
         names, notes = train_contenders(peak, quick, compile_, name.removeprefix("train_"))
+        default = trainer_default(device)  # first: resolving sets the CPU allocator the trainer runs with
         result = bench_train_step(shape, names, device, peak, repeats=1 if quick else 3)
         result["notes"] = notes + result["notes"]
-        result["trainer_default"] = trainer_default(device)
+        result["trainer_default"] = default
         return result
     if name in DECODING:
         with torch._dynamo.config.patch(recompile_limit=64):
