@@ -28,10 +28,11 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_MAX = 32 * 2**20  # glibc's ceiling on 64-bit systems; a larger value is refused
 NEVER_TRIM = 2**31 - 1  # the largest value mallopt's int takes: more free memory than a heap ever holds
+KEPT = f"{MMAP_THRESHOLD_MAX // 2**20} MiB"  # what the lines below say
 
 
 def keep_freed_memory(libc: ctypes.CDLL | None = None) -> str:
-    """Make glibc's malloc keep freed blocks of up to 32 MiB for reuse; return a line saying what was done.
+    """Make glibc's malloc keep freed blocks of up to MMAP_THRESHOLD_MAX for reuse; return a line saying so.
 
     `libc` is the C library to set (tests pass a stand-in); None: this process's own, where it is glibc."""
     if libc is None:
@@ -43,5 +44,5 @@ def keep_freed_memory(libc: ctypes.CDLL | None = None) -> str:
     if libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) != 1:
         return "the system allocator, unchanged (mallopt refused the mmap threshold)"
     if libc.mallopt(M_TRIM_THRESHOLD, NEVER_TRIM) != 1:
-        return "glibc's malloc serves blocks up to 32 MiB from its heap (mallopt refused to stop trimming it)"
-    return "glibc's malloc keeps freed blocks up to 32 MiB for reuse"
+        return f"glibc's malloc serves blocks up to {KEPT} from its heap (mallopt refused to stop trimming)"
+    return f"glibc's malloc keeps freed blocks up to {KEPT} for reuse"
