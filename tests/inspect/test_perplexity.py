@@ -54,31 +54,30 @@ def test_sliding_window_scores_each_token_once_with_its_context() -> None:
     assert disjoint.tokens == 40 and abs(disjoint.loss - result.loss) < 0.5
 
 
-def test_evaluate_a_text_file_from_a_checkpoint(tmp_path: Path) -> None:
+def _saved(tmp_path: Path, text: str) -> tuple[torch.nn.Module, EvaluateConfig]:
+    """A byte-level model saved as a checkpoint, and the config that scores `text` with it on the CPU."""
     from minigpt.checkpoint.format import save_checkpoint
 
-    model, tok = _model(block_size=16, vocab_size=257), ByteTokenizer()
-    save_checkpoint(tmp_path / "ckpt", model, {}, {"model_config": vars(model.config)}, tok)
-    (tmp_path / "t.txt").write_text("hello world\n" * 5)
-    ckpt, text = str(tmp_path / "ckpt"), str(tmp_path / "t.txt")
-    cfg = EvaluateConfig(checkpoint=ckpt, text_file=text, device=InferenceDeviceConfig("cpu"), stride=4)
+    model = _model(block_size=16, vocab_size=257)
+    save_checkpoint(tmp_path / "ckpt", model, {}, {"model_config": vars(model.config)}, ByteTokenizer())
+    (tmp_path / "t.txt").write_text(text)
+    return model, EvaluateConfig(checkpoint=str(tmp_path / "ckpt"), text_file=str(tmp_path / "t.txt"),
+                                 device=InferenceDeviceConfig("cpu"), stride=4)
+
+
+def test_evaluate_a_text_file_from_a_checkpoint(tmp_path: Path) -> None:
+    model, cfg = _saved(tmp_path, "hello world\n" * 5)
     result, what = evaluate(cfg)
-    expected = sliding_window_loss(model, document_tokens(["hello world\n" * 5], tok), stride=4)
+    expected = sliding_window_loss(model, document_tokens(["hello world\n" * 5], ByteTokenizer()), stride=4)
     assert what.endswith("t.txt") and result.tokens == 60
     assert math.isclose(result.loss, expected.loss, rel_tol=1e-6)
 
 
 def test_scoring_on_a_cpu_keeps_the_memory_each_batch_frees(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    from minigpt.checkpoint.format import save_checkpoint
-
-    model = _model(block_size=16, vocab_size=257)
-    save_checkpoint(tmp_path / "ckpt", model, {}, {"model_config": vars(model.config)}, ByteTokenizer())
-    (tmp_path / "t.txt").write_text("hello world\n")
+    _, cfg = _saved(tmp_path, "hello world\n")
     calls = []
     monkeypatch.setattr(perplexity, "keep_freed_memory", lambda: calls.append(1) or "kept, said the stand-in")
-    cfg = EvaluateConfig(checkpoint=str(tmp_path / "ckpt"), text_file=str(tmp_path / "t.txt"),
-                         device=InferenceDeviceConfig("cpu"), stride=4)
     with caplog.at_level(logging.INFO, logger="minigpt.inspect.perplexity"):
         evaluate(cfg)
     assert calls == [1]
